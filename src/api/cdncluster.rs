@@ -1,0 +1,217 @@
+//! `cluster.anevia.com/v1` CdnCluster: a cluster of identically configured nginx instances.
+
+use k8s_openapi::api::core::v1::ResourceRequirements;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// The longest CdnCluster name whose children still have valid names: the pod label value
+/// `<name>-deployment` must fit in 63 characters.
+pub const MAX_NAME_LEN: usize = 63 - "-deployment".len();
+
+/// A cluster of identically configured nginx instances that fetch from their sources.
+#[derive(CustomResource, Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "cluster.anevia.com",
+    version = "v1",
+    kind = "CdnCluster",
+    plural = "cdnclusters",
+    shortname = "cdn",
+    doc = "A cluster of identically configured nginx instances (role balancer or cache) that fetch from their sources: other CdnClusters of the namespace, or origins.",
+    namespaced,
+    status = "CdnClusterStatus",
+    printcolumn = r#"{"name":"Role","type":"string","jsonPath":".spec.role","description":"balancer or cache"}"#,
+    printcolumn = r#"{"name":"State","type":"string","jsonPath":".status.state","description":"WaitingSource, Deploying, Running or Invalid"}"#,
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.ready","description":"ready replicas / desired replicas"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct CdnClusterSpec {
+    /// What the instances do: `balancer` routes requests to its sources without caching; `cache`
+    /// stores what it fetches and serves it again.
+    pub role: Role,
+
+    /// Where the instances fetch from, tried in order: a source with a `pathCondition` receives the
+    /// requests whose path matches it; the one source without a `pathCondition` is the default; with
+    /// no default, unmatched paths get 404. May be empty (`[]`): the cluster then answers 404.
+    pub sources: Vec<Source>,
+
+    /// Number of nginx instances.
+    #[serde(default = "default_replicas")]
+    #[schemars(range(min = 0))]
+    pub replicas: i32,
+
+    /// nginx container image. Defaults to a pinned nginx release.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+
+    /// Compute resources of the nginx container. Defaults to requests of 50m CPU and 64Mi memory and
+    /// a 256Mi memory limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+
+    /// Cache tuning; used by the `cache` role only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache: Option<CacheSpec>,
+}
+
+fn default_replicas() -> i32 {
+    1
+}
+
+/// The role of every instance of a CdnCluster.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum Role {
+    /// Routes requests to its sources without caching.
+    Balancer,
+    /// Caches what it fetches from its sources.
+    Cache,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Balancer => "balancer",
+            Role::Cache => "cache",
+        }
+    }
+}
+
+/// One upstream of a CdnCluster.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Source {
+    /// Without `origin`: the name of a CdnCluster in the same namespace. With `origin`: a label
+    /// for that origin, unique among the sources.
+    #[schemars(length(min = 1))]
+    pub name: String,
+
+    /// A regular expression (PCRE, as nginx uses) matched against the request path; requests that
+    /// match go to this source. Omit it for the default source.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path_condition: Option<String>,
+
+    /// Fetch from something outside the CdnCluster graph instead of a CdnCluster: exactly one of
+    /// `url` or `service`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub origin: Option<Origin>,
+}
+
+/// An upstream outside the CdnCluster graph.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [{"rule": "has(self.url) != has(self.service)", "message": "an origin takes exactly one of url or service"}]))]
+pub struct Origin {
+    /// An http or https URL such as `http://origin.example.com:8080`; its path, if any, is
+    /// prefixed to every request path.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+
+    /// A Service in the same namespace, reached over plain HTTP.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service: Option<ServiceOrigin>,
+}
+
+/// A Service in the CdnCluster's namespace.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ServiceOrigin {
+    /// The Service's name.
+    #[schemars(length(min = 1))]
+    pub name: String,
+    /// The Service port to use.
+    #[serde(default = "default_service_port")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub port: i32,
+}
+
+fn default_service_port() -> i32 {
+    80
+}
+
+/// Cache tuning for the `cache` role.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct CacheSpec {
+    /// Largest size of the on-disk cache of each instance, in nginx's size syntax (`512m`, `10g`).
+    /// Default `1g`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^[1-9][0-9]*[kKmMgG]?$"))]
+    pub size: Option<String>,
+
+    /// Cached objects not requested for this long are removed, in nginx's time syntax (`10m`, `1h`,
+    /// `1d`). Default `10m`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^[1-9][0-9]*(ms|s|m|h|d|w|M|y)?$"))]
+    pub inactive: Option<String>,
+
+    /// How long a successful response (200, 206, 301, 302) stays fresh when the source does not say,
+    /// in nginx's time syntax. Default `10m`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^[1-9][0-9]*(ms|s|m|h|d|w|M|y)?$"))]
+    pub valid: Option<String>,
+}
+
+/// What the operator observed of a CdnCluster.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CdnClusterStatus {
+    /// `WaitingSource` (a source does not exist yet), `Deploying` (children applied, not every
+    /// replica ready), `Running` (every replica ready) or `Invalid` (the spec cannot be served).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<State>,
+
+    /// The `metadata.generation` this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+
+    /// Desired replicas.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<i32>,
+
+    /// Replicas ready to serve.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_replicas: Option<i32>,
+
+    /// `readyReplicas/replicas`, for `kubectl get`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready: Option<String>,
+
+    /// kstatus conditions: Ready, SourcesReady, Reconciling and Stalled.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+}
+
+/// The state of a CdnCluster, as the original system reported it, plus Running and Invalid.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum State {
+    /// A source does not exist yet; nothing is deployed until it does.
+    WaitingSource,
+    /// Children are applied; not every replica is ready yet.
+    Deploying,
+    /// Every replica is ready.
+    Running,
+    /// The spec cannot be served (a cycle, a duplicate or unusable source); see the conditions.
+    Invalid,
+}
+
+impl State {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::WaitingSource => "WaitingSource",
+            State::Deploying => "Deploying",
+            State::Running => "Running",
+            State::Invalid => "Invalid",
+        }
+    }
+
+    pub const ALL: [State; 4] = [
+        State::WaitingSource,
+        State::Deploying,
+        State::Running,
+        State::Invalid,
+    ];
+}

@@ -1,0 +1,241 @@
+//! The CdnCluster controller: dereference the sources → validate → build the children → apply
+//! what differs → write the status → publish the Events the change deserves.
+
+pub mod build;
+pub mod nginx;
+pub mod sources;
+pub mod status;
+
+use crate::api::CdnCluster;
+use crate::apply::{self, APPLIED_HASH_ANNOTATION};
+use crate::controller::{self, Backoff, Error, Events, Leadership, Scope};
+use build::{Children, MANAGED_BY, MANAGED_BY_LABEL};
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Service};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::Api;
+use kube::runtime::controller::{Action, Config, Controller};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::{Client, Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use status::{Notice, Observed};
+use std::fmt::Debug;
+use std::sync::Arc;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::UnboundedReceiverStream;
+
+/// The controller's name in metrics, logs and traces.
+pub const CONTROLLER: &str = "cdncluster";
+
+/// Caches and clients of the CdnCluster controller.
+pub struct Context {
+    pub client: Client,
+    pub events: Events,
+    pub leadership: Leadership,
+    pub clusters: Store<CdnCluster>,
+    pub deployments: Store<Deployment>,
+    pub config_maps: Store<ConfigMap>,
+    pub services: Store<Service>,
+    pub backoff: Backoff,
+}
+
+impl Context {
+    /// Waits until every cache has listed its objects once.
+    pub async fn wait_until_ready(&self) {
+        let _ = futures::join!(
+            self.clusters.wait_until_ready(),
+            self.deployments.wait_until_ready(),
+            self.config_maps.wait_until_ready(),
+            self.services.wait_until_ready(),
+        );
+    }
+}
+
+/// Builds the controller and its watches: CdnClusters, and the children the operator labelled as
+/// its own. A change of a CdnCluster also triggers the CdnClusters that list it as a source,
+/// looked up in the controller's own cache.
+pub fn controller(
+    client: Client,
+    scope: &Scope,
+    events: Events,
+    leadership: Leadership,
+    concurrency: u16,
+) -> (Arc<Context>, Controller<CdnCluster>) {
+    let children = watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}"));
+    let (clusters, cluster_events) =
+        controller::cached(scope.api::<CdnCluster>(client.clone()), watcher::Config::default());
+    let (deployments, deployment_events) =
+        controller::cached(scope.api::<Deployment>(client.clone()), children.clone());
+    let (config_maps, config_map_events) =
+        controller::cached(scope.api::<ConfigMap>(client.clone()), children.clone());
+    let (services, service_events) =
+        controller::cached(scope.api::<Service>(client.clone()), children);
+
+    let (parents_tx, parents_rx) = mpsc::unbounded_channel();
+    let store = clusters.clone();
+    let cluster_stream = cluster_events.inspect(move |event| {
+        // Not on the initial list: every object is reconciled then anyway.
+        if let Ok(watcher::Event::Apply(changed) | watcher::Event::Delete(changed)) = event {
+            for parent in parents(&store, changed) {
+                let _ = parents_tx.send(parent);
+            }
+        }
+    });
+
+    let controller = Controller::for_stream(cluster_stream.applied_objects(), clusters.clone())
+        .owns_stream(deployment_events.touched_objects())
+        .owns_stream(config_map_events.touched_objects())
+        .owns_stream(service_events.touched_objects())
+        .reconcile_on(UnboundedReceiverStream::new(parents_rx))
+        .reconcile_all_on(leadership.acquired())
+        .with_config(Config::default().concurrency(concurrency));
+
+    let context = Arc::new(Context {
+        client,
+        events,
+        leadership,
+        clusters,
+        deployments,
+        config_maps,
+        services,
+        backoff: Backoff::default(),
+    });
+    (context, controller)
+}
+
+/// The CdnClusters of `changed`'s namespace that list it as a source.
+pub fn parents(store: &Store<CdnCluster>, changed: &CdnCluster) -> Vec<ObjectRef<CdnCluster>> {
+    let namespace = changed.namespace();
+    let name = changed.name_any();
+    store
+        .state()
+        .iter()
+        .filter(|c| c.namespace() == namespace)
+        .filter(|c| {
+            c.spec
+                .sources
+                .iter()
+                .any(|s| s.origin.is_none() && s.name == name)
+        })
+        .map(|c| ObjectRef::from_obj(c.as_ref()))
+        .collect()
+}
+
+/// Reconciles one CdnCluster.
+pub async fn reconcile(cluster: Arc<CdnCluster>, ctx: Arc<Context>) -> Result<Action, Error> {
+    if !ctx.leadership.is_leader() {
+        return Ok(Action::await_change());
+    }
+    let namespace = cluster.namespace().unwrap_or_default();
+    let name = cluster.name_any();
+    let now = Time(jiff::Timestamp::now());
+    let lookup = |source: &str| ctx.clusters.get(&ObjectRef::new(source).within(&namespace));
+
+    let mut notices = Vec::new();
+    let status = match sources::resolve(&cluster, lookup) {
+        Err(problem) => {
+            tracing::info!(%namespace, %name, ?problem, "not deploying");
+            status::desired(&cluster, Observed::Problem(&problem), &now)
+        }
+        Ok(upstreams) => {
+            let children = build::children(&cluster, &upstreams);
+            let deployment = apply_children(&ctx, &namespace, children, &mut notices).await?;
+            status::desired(&cluster, Observed::Deployed(deployment.as_ref()), &now)
+        }
+    };
+    notices.extend(status::notices(&cluster, &status));
+
+    let api: Api<CdnCluster> = Api::namespaced(ctx.client.clone(), &namespace);
+    apply::apply_status(&api, cluster.as_ref(), cluster.status.as_ref(), &status).await?;
+    for Notice {
+        warning,
+        reason,
+        message,
+    } in notices
+    {
+        ctx.events
+            .publish(cluster.as_ref(), warning, reason, message, "Reconcile")
+            .await;
+    }
+    ctx.backoff.succeeded(&controller::key(cluster.as_ref()));
+    Ok(Action::await_change())
+}
+
+/// Retries a failed reconcile with exponential backoff per object.
+pub fn error_policy(cluster: Arc<CdnCluster>, error: &Error, ctx: Arc<Context>) -> Action {
+    let key = controller::key(cluster.as_ref());
+    let delay = ctx.backoff.failed(&key);
+    tracing::warn!(%key, %error, retry_in = ?delay, "reconcile failed");
+    Action::requeue(delay)
+}
+
+/// Applies the children whose cached copy differs from the desired one, the ConfigMap first so a
+/// rollout starts from the new configuration. Returns the Deployment as last known.
+async fn apply_children(
+    ctx: &Context,
+    namespace: &str,
+    children: Children,
+    notices: &mut Vec<Notice>,
+) -> Result<Option<Deployment>, Error> {
+    let Children {
+        config_map,
+        deployment,
+        service,
+    } = children;
+    apply_child(ctx, namespace, &ctx.config_maps, config_map, notices).await?;
+    apply_child(ctx, namespace, &ctx.services, service, notices).await?;
+
+    let name = deployment.name_any();
+    let observed = ctx.deployments.get(&ObjectRef::new(&name).within(namespace));
+    let applied = apply_child(ctx, namespace, &ctx.deployments, deployment, notices).await?;
+    if observed.is_none() && applied.is_some() {
+        notices.push(Notice {
+            warning: false,
+            reason: "DeploymentCreated",
+            message: format!("The Deployment {name} has been created"),
+        });
+    }
+    Ok(applied.or_else(|| observed.map(|d| d.as_ref().clone())))
+}
+
+/// Applies one child if needed and notes a restore when what changed was not the desired state.
+async fn apply_child<K>(
+    ctx: &Context,
+    namespace: &str,
+    cache: &Store<K>,
+    desired: K,
+    notices: &mut Vec<Notice>,
+) -> Result<Option<K>, Error>
+where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + Serialize
+        + DeserializeOwned
+        + Debug,
+{
+    let name = desired.name_any();
+    let observed = cache.get(&ObjectRef::new(&name).within(namespace));
+    let api: Api<K> = Api::namespaced(ctx.client.clone(), namespace);
+    let applied = apply::apply(&api, desired, observed.as_deref()).await?;
+    if let (Some(applied), Some(observed)) = (&applied, &observed) {
+        let hash = |o: &K| o.annotations().get(APPLIED_HASH_ANNOTATION).cloned();
+        let kind = K::kind(&());
+        if hash(applied) == hash(observed) {
+            notices.push(Notice {
+                warning: true,
+                reason: "ChildRestored",
+                message: format!("{kind} {name} was changed outside the operator; restored it"),
+            });
+        } else {
+            notices.push(Notice {
+                warning: false,
+                reason: "ChildUpdated",
+                message: format!("{kind} {name} updated to the current spec"),
+            });
+        }
+    }
+    Ok(applied)
+}

@@ -1,0 +1,249 @@
+//! Dereference and validate a CdnCluster's sources: pure, given a lookup of CdnClusters in the
+//! same namespace (the controller's store).
+
+use super::nginx::Upstream;
+use crate::api::{CdnCluster, MAX_NAME_LEN};
+use kube::ResourceExt;
+use std::collections::HashSet;
+use std::sync::Arc;
+
+/// Why a CdnCluster cannot be deployed (yet).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Problem {
+    /// Sources that are not there yet, in spec order. Deploying waits for them.
+    Missing(Vec<String>),
+    /// The spec cannot be served as it is; the message says why.
+    Invalid(String),
+}
+
+/// The kube-proxy DNS name of a Service, reachable from any namespace.
+pub fn service_address(name: &str, namespace: &str, port: i32) -> String {
+    format!("{name}.{namespace}.svc:{port}")
+}
+
+/// The port on which a CdnCluster's Service serves.
+pub const SERVICE_PORT: i32 = 80;
+
+/// Checks the spec and resolves every source to an upstream. Invalid specs are reported before
+/// missing sources: waiting would not make them servable.
+pub fn resolve<F>(cluster: &CdnCluster, lookup: F) -> Result<Vec<Upstream>, Problem>
+where
+    F: Fn(&str) -> Option<Arc<CdnCluster>>,
+{
+    let name = cluster.name_any();
+    let namespace = cluster.namespace().unwrap_or_default();
+    check_name(&name).map_err(Problem::Invalid)?;
+
+    let mut seen = HashSet::new();
+    let mut defaults = Vec::new();
+    for source in &cluster.spec.sources {
+        if source.name.is_empty() {
+            return Err(Problem::Invalid("a source has an empty name".into()));
+        }
+        if !seen.insert(source.name.as_str()) {
+            return Err(Problem::Invalid(format!(
+                "source {} is listed twice: each source may appear once",
+                source.name
+            )));
+        }
+        if source.origin.is_none() && source.name == name {
+            return Err(Problem::Invalid(format!(
+                "{name} lists itself as a source"
+            )));
+        }
+        match &source.path_condition {
+            Some(regex) => check_regex(regex).map_err(|e| {
+                Problem::Invalid(format!(
+                    "source {}: pathCondition {regex:?} is not a valid regular expression: {e}",
+                    source.name
+                ))
+            })?,
+            None => defaults.push(source.name.as_str()),
+        }
+    }
+    if defaults.len() > 1 {
+        return Err(Problem::Invalid(format!(
+            "sources {} have no pathCondition: at most one source may be the default",
+            defaults.join(" and ")
+        )));
+    }
+    if let Some(cycle) = find_cycle(cluster, &lookup) {
+        return Err(Problem::Invalid(format!(
+            "sources form a cycle: {}",
+            cycle.join(" → ")
+        )));
+    }
+
+    let mut upstreams = Vec::with_capacity(cluster.spec.sources.len());
+    let mut missing = Vec::new();
+    for source in &cluster.spec.sources {
+        let mut upstream = Upstream {
+            name: source.name.clone(),
+            path_condition: source.path_condition.clone(),
+            scheme: "http",
+            address: String::new(),
+            host_header: None,
+            path_prefix: String::new(),
+            revision: None,
+        };
+        match &source.origin {
+            None => match lookup(&source.name) {
+                Some(found) => {
+                    upstream.address = service_address(&source.name, &namespace, SERVICE_PORT);
+                    upstream.revision = found.uid();
+                }
+                None => missing.push(source.name.clone()),
+            },
+            Some(origin) => match (&origin.url, &origin.service) {
+                (Some(url), None) => {
+                    let parsed = parse_origin_url(url).map_err(|e| {
+                        Problem::Invalid(format!("source {}: origin url {url:?} {e}", source.name))
+                    })?;
+                    upstream.scheme = parsed.scheme;
+                    upstream.address = parsed.address;
+                    upstream.host_header = Some(parsed.host);
+                    upstream.path_prefix = parsed.path_prefix;
+                }
+                (None, Some(service)) => {
+                    if !is_dns_label(&service.name) {
+                        return Err(Problem::Invalid(format!(
+                            "source {}: origin service {:?} is not a valid Service name",
+                            source.name, service.name
+                        )));
+                    }
+                    if !(1..=65535).contains(&service.port) {
+                        return Err(Problem::Invalid(format!(
+                            "source {}: origin service port {} is out of range",
+                            source.name, service.port
+                        )));
+                    }
+                    upstream.address = service_address(&service.name, &namespace, service.port);
+                }
+                _ => {
+                    return Err(Problem::Invalid(format!(
+                        "source {}: an origin takes exactly one of url or service",
+                        source.name
+                    )))
+                }
+            },
+        }
+        upstreams.push(upstream);
+    }
+    if !missing.is_empty() {
+        return Err(Problem::Missing(missing));
+    }
+    Ok(upstreams)
+}
+
+/// Names the children cannot carry are refused with the reason (the CRD refuses them too).
+pub fn check_name(name: &str) -> Result<(), String> {
+    if name.len() > MAX_NAME_LEN {
+        return Err(format!(
+            "name {name:?} is {} characters long: at most {MAX_NAME_LEN} fit in the Deployment's pod label {name}-deployment",
+            name.len()
+        ));
+    }
+    if !is_dns_label(name) {
+        return Err(format!(
+            "name {name:?} is not a DNS-1035 label (lowercase letters, digits and '-', starting with a letter): it names the cluster's Service"
+        ));
+    }
+    Ok(())
+}
+
+fn is_dns_label(s: &str) -> bool {
+    let bytes = s.as_bytes();
+    !bytes.is_empty()
+        && bytes.len() <= 63
+        && bytes[0].is_ascii_lowercase()
+        && bytes[bytes.len() - 1] != b'-'
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
+}
+
+/// Checks a pathCondition with a PCRE-like engine (nginx uses PCRE); control characters could not
+/// be written into nginx's configuration.
+fn check_regex(regex: &str) -> Result<(), String> {
+    if regex.is_empty() {
+        return Err("it is empty".into());
+    }
+    if regex.chars().any(char::is_control) {
+        return Err("it contains a control character".into());
+    }
+    fancy_regex::Regex::new(regex)
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+}
+
+/// The first cycle through `cluster` found by following CdnCluster sources, as a path of names
+/// that starts and ends with `cluster`'s name.
+fn find_cycle<F>(cluster: &CdnCluster, lookup: &F) -> Option<Vec<String>>
+where
+    F: Fn(&str) -> Option<Arc<CdnCluster>>,
+{
+    let start = cluster.name_any();
+    let mut path = vec![start.clone()];
+    let mut visited = HashSet::new();
+    fn walk<F>(
+        node: &CdnCluster,
+        start: &str,
+        lookup: &F,
+        path: &mut Vec<String>,
+        visited: &mut HashSet<String>,
+    ) -> bool
+    where
+        F: Fn(&str) -> Option<Arc<CdnCluster>>,
+    {
+        for source in node.spec.sources.iter().filter(|s| s.origin.is_none()) {
+            path.push(source.name.clone());
+            if source.name == start {
+                return true;
+            }
+            if visited.insert(source.name.clone()) {
+                if let Some(next) = lookup(&source.name) {
+                    if walk(&next, start, lookup, path, visited) {
+                        return true;
+                    }
+                }
+            }
+            path.pop();
+        }
+        false
+    }
+    walk(cluster, &start, lookup, &mut path, &mut visited).then_some(path)
+}
+
+struct OriginUrl {
+    scheme: &'static str,
+    address: String,
+    host: String,
+    path_prefix: String,
+}
+
+fn parse_origin_url(raw: &str) -> Result<OriginUrl, String> {
+    let url = url::Url::parse(raw).map_err(|e| format!("is not a URL: {e}"))?;
+    let scheme = match url.scheme() {
+        "http" => "http",
+        "https" => "https",
+        other => return Err(format!("has scheme {other:?}: only http and https are served")),
+    };
+    let host = url.host_str().ok_or("has no host")?.to_string();
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err("must not carry credentials".into());
+    }
+    if url.query().is_some() || url.fragment().is_some() {
+        return Err("must not have a query or fragment".into());
+    }
+    let port = url.port_or_known_default().ok_or("has no port")?;
+    let path_prefix = url.path().trim_end_matches('/').to_string();
+    if path_prefix.contains(['$', '"', '\\']) || path_prefix.chars().any(char::is_whitespace) {
+        return Err("has a path nginx could not use".into());
+    }
+    Ok(OriginUrl {
+        scheme,
+        address: format!("{host}:{port}"),
+        host,
+        path_prefix,
+    })
+}

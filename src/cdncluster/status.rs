@@ -1,0 +1,167 @@
+//! The status of a CdnCluster and the Events its changes deserve: pure.
+
+use super::sources::Problem;
+use crate::api::{CdnCluster, CdnClusterStatus, State};
+use crate::conditions::{set_condition, ConditionStatus};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::ResourceExt;
+
+pub const READY: &str = "Ready";
+pub const SOURCES_READY: &str = "SourcesReady";
+/// kstatus: true while the operator works towards the spec.
+pub const RECONCILING: &str = "Reconciling";
+/// kstatus: true when the operator cannot make progress without a change of spec.
+pub const STALLED: &str = "Stalled";
+
+/// What the reconcile found, for the status.
+pub enum Observed<'a> {
+    Problem(&'a Problem),
+    /// Children are applied; the Deployment as last seen (None right after it was created).
+    Deployed(Option<&'a Deployment>),
+}
+
+/// The status `cluster` should have now. Conditions keep their lastTransitionTime while their
+/// status does not change, so an unchanged world gives an identical status (and no write).
+pub fn desired(cluster: &CdnCluster, observed: Observed<'_>, now: &Time) -> CdnClusterStatus {
+    let previous = cluster.status.clone().unwrap_or_default();
+    let generation = cluster.metadata.generation;
+    let replicas = cluster.spec.replicas;
+    let mut status = CdnClusterStatus {
+        observed_generation: generation,
+        conditions: previous.conditions.clone(),
+        ..CdnClusterStatus::default()
+    };
+    let mut set = |type_: &str, s: ConditionStatus, reason: &str, message: String| {
+        set_condition(&mut status.conditions, type_, s, reason, message, generation, now)
+    };
+    use ConditionStatus::{False, True};
+    let state = match observed {
+        Observed::Problem(Problem::Missing(names)) => {
+            let message = source_not_found(&names[0]);
+            set(SOURCES_READY, False, "SourceNotFound", message.clone());
+            set(READY, False, "WaitingSource", message.clone());
+            set(RECONCILING, True, "WaitingSource", message);
+            set(STALLED, False, "WaitingSource", "Waiting for sources, not stalled".into());
+            State::WaitingSource
+        }
+        Observed::Problem(Problem::Invalid(message)) => {
+            set(SOURCES_READY, False, "InvalidSpec", message.clone());
+            set(READY, False, "InvalidSpec", message.clone());
+            set(RECONCILING, False, "InvalidSpec", message.clone());
+            set(STALLED, True, "InvalidSpec", message.clone());
+            State::Invalid
+        }
+        Observed::Deployed(deployment) => {
+            let ready = ready_replicas(deployment);
+            status.replicas = Some(replicas);
+            status.ready_replicas = Some(ready);
+            status.ready = Some(format!("{ready}/{replicas}"));
+            set(SOURCES_READY, True, "SourcesFound", "Every source exists".into());
+            set(STALLED, False, "Deployed", "Children are applied".into());
+            if rolled_out(deployment, replicas) {
+                let message = format!("{ready}/{replicas} replicas are ready");
+                set(READY, True, "Running", message.clone());
+                set(RECONCILING, False, "Running", message);
+                State::Running
+            } else {
+                let message = format!("{ready}/{replicas} replicas are ready, rolling out");
+                set(READY, False, "Deploying", message.clone());
+                set(RECONCILING, True, "Deploying", message);
+                State::Deploying
+            }
+        }
+    };
+    status.state = Some(state);
+    status
+}
+
+/// The seed's message for a missing source.
+pub fn source_not_found(name: &str) -> String {
+    format!("Source {name} not found, will retry later")
+}
+
+fn ready_replicas(deployment: Option<&Deployment>) -> i32 {
+    deployment
+        .and_then(|d| d.status.as_ref())
+        .and_then(|s| s.ready_replicas)
+        .unwrap_or(0)
+}
+
+/// Every replica of the current spec is updated and ready.
+fn rolled_out(deployment: Option<&Deployment>, replicas: i32) -> bool {
+    let Some(d) = deployment else { return false };
+    let Some(s) = d.status.as_ref() else {
+        return false;
+    };
+    let current = s.observed_generation >= d.metadata.generation;
+    current
+        && s.updated_replicas.unwrap_or(0) >= replicas
+        && s.ready_replicas.unwrap_or(0) >= replicas
+        && s.replicas.unwrap_or(0) <= replicas
+}
+
+/// An Event to publish: (warning?, reason, message).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Notice {
+    pub warning: bool,
+    pub reason: &'static str,
+    pub message: String,
+}
+
+/// The Events the change from `cluster`'s current status to `next` deserves: one per transition,
+/// none when nothing changed.
+pub fn notices(cluster: &CdnCluster, next: &CdnClusterStatus) -> Vec<Notice> {
+    let previous = cluster.status.clone().unwrap_or_default();
+    let before = |t: &str| crate::conditions::find(&previous.conditions, t);
+    let after = |t: &str| crate::conditions::find(&next.conditions, t);
+    let mut out = Vec::new();
+    match next.state {
+        Some(State::WaitingSource) => {
+            let msg = after(SOURCES_READY).map(|c| c.message.clone());
+            if before(SOURCES_READY).map(|c| c.message.clone()) != msg || previous.state != next.state {
+                out.push(Notice {
+                    warning: false,
+                    reason: "SourceNotFound",
+                    message: msg.unwrap_or_default(),
+                });
+            }
+        }
+        Some(State::Invalid) => {
+            let msg = after(STALLED).map(|c| c.message.clone());
+            if before(STALLED).map(|c| c.message.clone()) != msg || previous.state != next.state {
+                out.push(Notice {
+                    warning: true,
+                    reason: "InvalidSpec",
+                    message: msg.unwrap_or_default(),
+                });
+            }
+        }
+        Some(State::Running) if previous.state != Some(State::Running) => out.push(Notice {
+            warning: false,
+            reason: "Running",
+            message: format!(
+                "All {} replicas of {} are ready",
+                next.replicas.unwrap_or(0),
+                cluster.name_any()
+            ),
+        }),
+        Some(State::Deploying) if previous.state == Some(State::Running) => {
+            // Same generation: nothing asked for a rollout, replicas were lost.
+            if previous.observed_generation == next.observed_generation {
+                out.push(Notice {
+                    warning: true,
+                    reason: "ReplicasUnavailable",
+                    message: next
+                        .conditions
+                        .iter()
+                        .find(|c| c.type_ == READY)
+                        .map(|c| c.message.clone())
+                        .unwrap_or_default(),
+                })
+            }
+        }
+        _ => {}
+    }
+    out
+}

@@ -1,0 +1,25 @@
+//! The Kubernetes client: from KUBECONFIG or the in-cluster config, identified as the operator.
+
+use http::header::{HeaderValue, USER_AGENT};
+use kube::{Client, Config};
+
+/// The User-Agent of every request, so API server audit logs and metrics name the operator.
+pub fn user_agent() -> String {
+    format!("{}/{}", crate::FIELD_MANAGER, crate::VERSION)
+}
+
+/// Sets the operator's User-Agent on a client configuration.
+pub fn identify(config: &mut Config) {
+    let value = HeaderValue::from_str(&user_agent()).expect("the version is a valid header value");
+    config.headers.retain(|(name, _)| name != USER_AGENT);
+    config.headers.push((USER_AGENT, value));
+}
+
+/// A client for the cluster of `KUBECONFIG` (or `~/.kube/config`), or the in-cluster config.
+pub async fn connect() -> Result<Client, kube::Error> {
+    let mut config = Config::infer()
+        .await
+        .map_err(|e| kube::Error::InferConfig(e))?;
+    identify(&mut config);
+    Client::try_from(config)
+}

@@ -1,0 +1,184 @@
+//! What every controller shares: the watch scope, cached watches, Events, error backoff and the
+//! leadership gate. Domain-free.
+
+use futures::Stream;
+use kube::api::Api;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::{Client, Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+use std::collections::HashMap;
+use std::fmt::Debug;
+use std::hash::Hash;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// Errors of a reconcile. Each retries with backoff.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("Kubernetes API request failed: {0}")]
+    Kube(#[from] kube::Error),
+}
+
+/// Which namespaces the operator watches and writes.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum Scope {
+    /// Every namespace (cluster-wide RBAC).
+    #[default]
+    All,
+    /// One namespace (namespaced RBAC).
+    Namespace(String),
+}
+
+impl Scope {
+    /// An Api over the scope, for watches.
+    pub fn api<K>(&self, client: Client) -> Api<K>
+    where
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+        K::DynamicType: Default,
+    {
+        match self {
+            Scope::All => Api::all(client),
+            Scope::Namespace(ns) => Api::namespaced(client, ns),
+        }
+    }
+}
+
+/// A cached watch of `api`: the store, and the stream that fills it (to be polled by a
+/// controller). managedFields are dropped before caching: the operator never reads them and they
+/// are often the largest part of an object.
+pub fn cached<K>(
+    api: Api<K>,
+    config: watcher::Config,
+) -> (
+    Store<K>,
+    impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
+)
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
+{
+    let (reader, writer) = reflector::store();
+    let stream = watcher(api, config)
+        .default_backoff()
+        .modify(|obj: &mut K| {
+            obj.managed_fields_mut().clear();
+        })
+        .reflect(writer);
+    (reader, stream)
+}
+
+/// Publishes Events for objects of one controller.
+#[derive(Clone)]
+pub struct Events {
+    recorder: Recorder,
+}
+
+impl Events {
+    pub fn new(client: Client, instance: Option<String>) -> Self {
+        let reporter = Reporter {
+            controller: crate::FIELD_MANAGER.into(),
+            instance,
+        };
+        Events {
+            recorder: Recorder::new(client, reporter),
+        }
+    }
+
+    /// Publishes one Event about `obj`. A failure to publish is logged, never fatal: Events are
+    /// informative and the reconcile must not fail because of them.
+    pub async fn publish<K>(&self, obj: &K, warning: bool, reason: &str, note: String, action: &str)
+    where
+        K: Resource<DynamicType = ()>,
+    {
+        let event = Event {
+            type_: if warning {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
+            reason: reason.into(),
+            note: Some(note),
+            action: action.into(),
+            secondary: None,
+        };
+        if let Err(error) = self.recorder.publish(&event, &obj.object_ref(&())).await {
+            tracing::warn!(%error, reason, "could not publish an Event");
+        }
+    }
+}
+
+/// Exponential backoff per object, reset by a success: 1 s, 2 s, 4 s ... up to 5 minutes.
+#[derive(Default)]
+pub struct Backoff {
+    failures: Mutex<HashMap<String, u32>>,
+}
+
+impl Backoff {
+    pub const MAX: Duration = Duration::from_secs(300);
+
+    /// Records a failure of `key` and returns how long to wait before the next try.
+    pub fn failed(&self, key: &str) -> Duration {
+        let mut failures = self.failures.lock().expect("backoff lock");
+        let n = failures.entry(key.to_string()).or_insert(0);
+        let delay = Duration::from_secs(1u64 << (*n).min(9)).min(Self::MAX);
+        *n = n.saturating_add(1);
+        delay
+    }
+
+    pub fn succeeded(&self, key: &str) {
+        self.failures.lock().expect("backoff lock").remove(key);
+    }
+}
+
+/// The key of an object in logs and backoff.
+pub fn key<K: Resource>(obj: &K) -> String {
+    format!("{}/{}", obj.namespace().unwrap_or_default(), obj.name_any())
+}
+
+/// Whether this replica may write. Standby replicas keep their caches warm and reconcile nothing;
+/// each acquisition of leadership triggers a full reconcile.
+#[derive(Clone)]
+pub struct Leadership {
+    tx: Arc<watch::Sender<bool>>,
+}
+
+impl Leadership {
+    /// Starts as a standby until `set(true)`.
+    pub fn standby() -> Self {
+        Leadership {
+            tx: Arc::new(watch::Sender::new(false)),
+        }
+    }
+
+    /// Always the leader: no election (local runs, tests).
+    pub fn always() -> Self {
+        Leadership {
+            tx: Arc::new(watch::Sender::new(true)),
+        }
+    }
+
+    pub fn set(&self, leader: bool) {
+        self.tx.send_replace(leader);
+    }
+
+    pub fn is_leader(&self) -> bool {
+        *self.tx.borrow()
+    }
+
+    /// Yields once each time leadership is acquired after this call.
+    pub fn acquired(&self) -> impl Stream<Item = ()> + Send + 'static {
+        let mut rx = self.tx.subscribe();
+        rx.mark_unchanged();
+        futures::stream::unfold(rx, |mut rx| async move {
+            loop {
+                rx.changed().await.ok()?;
+                if *rx.borrow_and_update() {
+                    return Some(((), rx));
+                }
+            }
+        })
+    }
+}

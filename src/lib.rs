@@ -1,0 +1,15 @@
+//! cdn-operator: a Kubernetes operator for CDN clusters of nginx (CdnCluster) and one-shot
+//! commands (At).
+
+pub mod api;
+pub mod apply;
+pub mod cdncluster;
+pub mod client;
+pub mod conditions;
+pub mod controller;
+pub mod run;
+
+pub use apply::FIELD_MANAGER;
+
+/// The operator's version, as built.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");

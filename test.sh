@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# The test command: installs what the tests need, then checks formatting, lints and runs every test.
+set -euo pipefail
+cd "$(dirname "$0")"
+bash scripts/install-test-deps.sh
+cargo fmt --all -- --check
+cargo clippy --all-targets --locked -- -D warnings
+cargo test --all-targets --locked
