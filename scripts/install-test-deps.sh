@@ -14,3 +14,6 @@ if [ ${#apt_packages[@]} -gt 0 ]; then
   (command -v systemctl >/dev/null && systemctl stop nginx) >/dev/null 2>&1 || true
   pkill -x nginx >/dev/null 2>&1 || true
 fi
+
+# The offline CRD validator of ../shared/tools needs these.
+python3 -c 'import jsonschema, yaml' >/dev/null 2>&1 || python3 -m pip install -q jsonschema pyyaml

@@ -17,9 +17,7 @@ pub fn identify(config: &mut Config) {
 
 /// A client for the cluster of `KUBECONFIG` (or `~/.kube/config`), or the in-cluster config.
 pub async fn connect() -> Result<Client, kube::Error> {
-    let mut config = Config::infer()
-        .await
-        .map_err(|e| kube::Error::InferConfig(e))?;
+    let mut config = Config::infer().await.map_err(kube::Error::InferConfig)?;
     identify(&mut config);
     Client::try_from(config)
 }

@@ -87,10 +87,17 @@ impl Events {
         }
     }
 
-    /// Publishes one Event about `obj`. A failure to publish is logged, never fatal: Events are
+    /// Publishes one Event about `obj`, optionally related to another object (a child). A failure to publish is logged, never fatal: Events are
     /// informative and the reconcile must not fail because of them.
-    pub async fn publish<K>(&self, obj: &K, warning: bool, reason: &str, note: String, action: &str)
-    where
+    pub async fn publish<K>(
+        &self,
+        obj: &K,
+        warning: bool,
+        reason: &str,
+        note: String,
+        action: &str,
+        related: Option<k8s_openapi::api::core::v1::ObjectReference>,
+    ) where
         K: Resource<DynamicType = ()>,
     {
         let event = Event {
@@ -102,7 +109,7 @@ impl Events {
             reason: reason.into(),
             note: Some(note),
             action: action.into(),
-            secondary: None,
+            secondary: related,
         };
         if let Err(error) = self.recorder.publish(&event, &obj.object_ref(&())).await {
             tracing::warn!(%error, reason, "could not publish an Event");

@@ -15,7 +15,41 @@ use serde_json::json;
 
 /// Every CRD the operator serves, as installed: the single source of truth for all manifests.
 pub fn crds() -> Vec<CustomResourceDefinition> {
-    vec![cdncluster_crd(), At::crd()]
+    let mut crds = vec![cdncluster_crd(), At::crd()];
+    for crd in &mut crds {
+        with_object_fields(crd);
+    }
+    crds
+}
+
+/// Declares apiVersion, kind and metadata in the root schema, as controller-gen does, so
+/// `kubectl explain` documents them and offline validators accept whole objects.
+fn with_object_fields(crd: &mut CustomResourceDefinition) {
+    let fields = json!({
+        "apiVersion": {
+            "description": "APIVersion defines the versioned schema of this representation of an object. Servers should convert recognized schemas to the latest internal value, and may reject unrecognized values. More info: https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#resources",
+            "type": "string"
+        },
+        "kind": {
+            "description": "Kind is a string value representing the REST resource this object represents. Servers may infer this from the endpoint the client submits requests to. Cannot be updated. In CamelCase. More info: https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#types-kinds",
+            "type": "string"
+        },
+        "metadata": {"type": "object"}
+    });
+    let fields: std::collections::BTreeMap<String, _> =
+        serde_json::from_value(fields).expect("static schema");
+    for version in &mut crd.spec.versions {
+        if let Some(schema) = version
+            .schema
+            .as_mut()
+            .and_then(|s| s.open_api_v3_schema.as_mut())
+        {
+            schema
+                .properties
+                .get_or_insert_with(Default::default)
+                .extend(fields.clone());
+        }
+    }
 }
 
 /// The CdnCluster CRD with root-level rules on `metadata.name`, which the derive cannot express:
@@ -40,7 +74,8 @@ fn cdncluster_crd() -> CustomResourceDefinition {
                 "message": "metadata.name must be a DNS-1035 label (lowercase letters, digits and '-', starting with a letter): it also names the cluster's Service",
             }
         ]);
-        schema.x_kubernetes_validations = Some(serde_json::from_value(rules).expect("static rules"));
+        schema.x_kubernetes_validations =
+            Some(serde_json::from_value(rules).expect("static rules"));
     }
     crd
 }

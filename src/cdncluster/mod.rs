@@ -65,8 +65,10 @@ pub fn controller(
     concurrency: u16,
 ) -> (Arc<Context>, Controller<CdnCluster>) {
     let children = watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}"));
-    let (clusters, cluster_events) =
-        controller::cached(scope.api::<CdnCluster>(client.clone()), watcher::Config::default());
+    let (clusters, cluster_events) = controller::cached(
+        scope.api::<CdnCluster>(client.clone()),
+        watcher::Config::default(),
+    );
     let (deployments, deployment_events) =
         controller::cached(scope.api::<Deployment>(client.clone()), children.clone());
     let (config_maps, config_map_events) =
@@ -150,14 +152,16 @@ pub async fn reconcile(cluster: Arc<CdnCluster>, ctx: Arc<Context>) -> Result<Ac
 
     let api: Api<CdnCluster> = Api::namespaced(ctx.client.clone(), &namespace);
     apply::apply_status(&api, cluster.as_ref(), cluster.status.as_ref(), &status).await?;
-    for Notice {
-        warning,
-        reason,
-        message,
-    } in notices
-    {
+    for notice in notices {
         ctx.events
-            .publish(cluster.as_ref(), warning, reason, message, "Reconcile")
+            .publish(
+                cluster.as_ref(),
+                notice.warning,
+                notice.reason,
+                notice.message,
+                "Reconcile",
+                notice.related,
+            )
             .await;
     }
     ctx.backoff.succeeded(&controller::key(cluster.as_ref()));
@@ -189,14 +193,18 @@ async fn apply_children(
     apply_child(ctx, namespace, &ctx.services, service, notices).await?;
 
     let name = deployment.name_any();
-    let observed = ctx.deployments.get(&ObjectRef::new(&name).within(namespace));
+    let observed = ctx
+        .deployments
+        .get(&ObjectRef::new(&name).within(namespace));
     let applied = apply_child(ctx, namespace, &ctx.deployments, deployment, notices).await?;
-    if observed.is_none() && applied.is_some() {
-        notices.push(Notice {
-            warning: false,
-            reason: "DeploymentCreated",
-            message: format!("The Deployment {name} has been created"),
-        });
+    if let (None, Some(created)) = (&observed, &applied) {
+        notices.push(
+            Notice::normal(
+                "DeploymentCreated",
+                format!("The Deployment {name} has been created"),
+            )
+            .about(created.object_ref(&())),
+        );
     }
     Ok(applied.or_else(|| observed.map(|d| d.as_ref().clone())))
 }
@@ -223,19 +231,21 @@ where
     if let (Some(applied), Some(observed)) = (&applied, &observed) {
         let hash = |o: &K| o.annotations().get(APPLIED_HASH_ANNOTATION).cloned();
         let kind = K::kind(&());
-        if hash(applied) == hash(observed) {
-            notices.push(Notice {
-                warning: true,
-                reason: "ChildRestored",
-                message: format!("{kind} {name} was changed outside the operator; restored it"),
-            });
+        let notice = if hash(applied) == hash(observed) {
+            Notice::warning(
+                "ChildRestored",
+                format!("{kind} {name} was changed outside the operator; restored it"),
+            )
         } else {
-            notices.push(Notice {
-                warning: false,
-                reason: "ChildUpdated",
-                message: format!("{kind} {name} updated to the current spec"),
-            });
-        }
+            Notice::normal(
+                "ChildUpdated",
+                format!("{kind} {name} updated to the current spec"),
+            )
+        };
+        notices.push(notice.about(applied.object_ref(&())));
     }
     Ok(applied)
 }
+
+#[cfg(test)]
+mod tests;

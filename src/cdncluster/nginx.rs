@@ -108,9 +108,9 @@ pub fn render(
         role = role.as_str(),
     );
     if role == Role::Cache {
-        let _ = write!(
+        let _ = writeln!(
             c,
-            "    proxy_cache_path {dir}/cdn levels=1:2 keys_zone=cdn:16m max_size={size} inactive={inactive} use_temp_path=off;\n",
+            "    proxy_cache_path {dir}/cdn levels=1:2 keys_zone=cdn:16m max_size={size} inactive={inactive} use_temp_path=off;",
             dir = paths.cache_dir,
             size = cache.size,
             inactive = cache.inactive,

@@ -4,6 +4,7 @@ use super::sources::Problem;
 use crate::api::{CdnCluster, CdnClusterStatus, State};
 use crate::conditions::{set_condition, ConditionStatus};
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
 
@@ -33,7 +34,15 @@ pub fn desired(cluster: &CdnCluster, observed: Observed<'_>, now: &Time) -> CdnC
         ..CdnClusterStatus::default()
     };
     let mut set = |type_: &str, s: ConditionStatus, reason: &str, message: String| {
-        set_condition(&mut status.conditions, type_, s, reason, message, generation, now)
+        set_condition(
+            &mut status.conditions,
+            type_,
+            s,
+            reason,
+            message,
+            generation,
+            now,
+        )
     };
     use ConditionStatus::{False, True};
     let state = match observed {
@@ -42,7 +51,12 @@ pub fn desired(cluster: &CdnCluster, observed: Observed<'_>, now: &Time) -> CdnC
             set(SOURCES_READY, False, "SourceNotFound", message.clone());
             set(READY, False, "WaitingSource", message.clone());
             set(RECONCILING, True, "WaitingSource", message);
-            set(STALLED, False, "WaitingSource", "Waiting for sources, not stalled".into());
+            set(
+                STALLED,
+                False,
+                "WaitingSource",
+                "Waiting for sources, not stalled".into(),
+            );
             State::WaitingSource
         }
         Observed::Problem(Problem::Invalid(message)) => {
@@ -57,7 +71,12 @@ pub fn desired(cluster: &CdnCluster, observed: Observed<'_>, now: &Time) -> CdnC
             status.replicas = Some(replicas);
             status.ready_replicas = Some(ready);
             status.ready = Some(format!("{ready}/{replicas}"));
-            set(SOURCES_READY, True, "SourcesFound", "Every source exists".into());
+            set(
+                SOURCES_READY,
+                True,
+                "SourcesFound",
+                "Every source exists".into(),
+            );
             set(STALLED, False, "Deployed", "Children are applied".into());
             if rolled_out(deployment, replicas) {
                 let message = format!("{ready}/{replicas} replicas are ready");
@@ -101,12 +120,41 @@ fn rolled_out(deployment: Option<&Deployment>, replicas: i32) -> bool {
         && s.replicas.unwrap_or(0) <= replicas
 }
 
-/// An Event to publish: (warning?, reason, message).
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// An Event to publish about a CdnCluster.
+#[derive(Clone, Debug, PartialEq)]
 pub struct Notice {
     pub warning: bool,
     pub reason: &'static str,
     pub message: String,
+    /// The child the Event is about, if any. Events are aggregated by reason and objects, so two
+    /// children restored at once must name their child to stay two Events.
+    pub related: Option<ObjectReference>,
+}
+
+impl Notice {
+    pub fn normal(reason: &'static str, message: String) -> Self {
+        Notice {
+            warning: false,
+            reason,
+            message,
+            related: None,
+        }
+    }
+
+    pub fn warning(reason: &'static str, message: String) -> Self {
+        Notice {
+            warning: true,
+            ..Notice::normal(reason, message)
+        }
+    }
+
+    /// The same Event, about `child`.
+    pub fn about(self, child: ObjectReference) -> Self {
+        Notice {
+            related: Some(child),
+            ..self
+        }
+    }
 }
 
 /// The Events the change from `cluster`'s current status to `next` deserves: one per transition,
@@ -119,47 +167,33 @@ pub fn notices(cluster: &CdnCluster, next: &CdnClusterStatus) -> Vec<Notice> {
     match next.state {
         Some(State::WaitingSource) => {
             let msg = after(SOURCES_READY).map(|c| c.message.clone());
-            if before(SOURCES_READY).map(|c| c.message.clone()) != msg || previous.state != next.state {
-                out.push(Notice {
-                    warning: false,
-                    reason: "SourceNotFound",
-                    message: msg.unwrap_or_default(),
-                });
+            if before(SOURCES_READY).map(|c| c.message.clone()) != msg
+                || previous.state != next.state
+            {
+                out.push(Notice::normal("SourceNotFound", msg.unwrap_or_default()));
             }
         }
         Some(State::Invalid) => {
             let msg = after(STALLED).map(|c| c.message.clone());
             if before(STALLED).map(|c| c.message.clone()) != msg || previous.state != next.state {
-                out.push(Notice {
-                    warning: true,
-                    reason: "InvalidSpec",
-                    message: msg.unwrap_or_default(),
-                });
+                out.push(Notice::warning("InvalidSpec", msg.unwrap_or_default()));
             }
         }
-        Some(State::Running) if previous.state != Some(State::Running) => out.push(Notice {
-            warning: false,
-            reason: "Running",
-            message: format!(
+        Some(State::Running) if previous.state != Some(State::Running) => out.push(Notice::normal(
+            "Running",
+            format!(
                 "All {} replicas of {} are ready",
                 next.replicas.unwrap_or(0),
                 cluster.name_any()
             ),
-        }),
-        Some(State::Deploying) if previous.state == Some(State::Running) => {
-            // Same generation: nothing asked for a rollout, replicas were lost.
-            if previous.observed_generation == next.observed_generation {
-                out.push(Notice {
-                    warning: true,
-                    reason: "ReplicasUnavailable",
-                    message: next
-                        .conditions
-                        .iter()
-                        .find(|c| c.type_ == READY)
-                        .map(|c| c.message.clone())
-                        .unwrap_or_default(),
-                })
-            }
+        )),
+        // Same generation: nothing asked for a rollout, replicas were lost.
+        Some(State::Deploying)
+            if previous.state == Some(State::Running)
+                && previous.observed_generation == next.observed_generation =>
+        {
+            let message = after(READY).map(|c| c.message.clone()).unwrap_or_default();
+            out.push(Notice::warning("ReplicasUnavailable", message))
         }
         _ => {}
     }

@@ -1,0 +1,495 @@
+//! Pure tests of the build step: sources, children, nginx configuration and status.
+
+use super::build::{self, CONFIG_HASH_ANNOTATION, CONFIG_KEY};
+use super::nginx::{self, Paths, Upstream};
+use super::sources::{self, Problem};
+use super::status::{self, Observed};
+use crate::api::{
+    CacheSpec, CdnCluster, CdnClusterSpec, CdnClusterStatus, Origin, Role, ServiceOrigin, Source,
+    State,
+};
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentStatus};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+fn source(name: &str, path: Option<&str>) -> Source {
+    Source {
+        name: name.into(),
+        path_condition: path.map(Into::into),
+        origin: None,
+    }
+}
+
+fn cluster(name: &str, role: Role, sources: Vec<Source>) -> CdnCluster {
+    let mut c = CdnCluster::new(
+        name,
+        CdnClusterSpec {
+            role,
+            sources,
+            replicas: 1,
+            image: None,
+            resources: None,
+            cache: None,
+        },
+    );
+    c.metadata.namespace = Some("default".into());
+    c.metadata.uid = Some(format!("uid-{name}"));
+    c.metadata.generation = Some(1);
+    c
+}
+
+fn world(clusters: &[CdnCluster]) -> impl Fn(&str) -> Option<Arc<CdnCluster>> + '_ {
+    move |name| {
+        clusters
+            .iter()
+            .find(|c| c.metadata.name.as_deref() == Some(name))
+            .map(|c| Arc::new(c.clone()))
+    }
+}
+
+fn seed() -> Vec<CdnCluster> {
+    vec![
+        cluster(
+            "balancer",
+            Role::Balancer,
+            vec![
+                source("cache-live", Some("^/live/")),
+                source("cache-vod", Some("^/vod/")),
+            ],
+        ),
+        cluster("cache-live", Role::Cache, vec![]),
+        cluster("cache-vod", Role::Cache, vec![]),
+    ]
+}
+
+fn now() -> Time {
+    Time("2026-11-22T10:00:00Z".parse().unwrap())
+}
+
+#[test]
+fn seed_balancer_resolves_its_caches_through_their_services() {
+    let all = seed();
+    let upstreams = sources::resolve(&all[0], world(&all)).unwrap();
+    assert_eq!(upstreams.len(), 2);
+    assert_eq!(upstreams[0].address, "cache-live.default.svc:80");
+    assert_eq!(upstreams[0].path_condition.as_deref(), Some("^/live/"));
+    assert_eq!(upstreams[0].revision.as_deref(), Some("uid-cache-live"));
+    assert_eq!(upstreams[1].address, "cache-vod.default.svc:80");
+}
+
+#[test]
+fn missing_sources_are_listed_in_order() {
+    let all = seed();
+    let problem = sources::resolve(&all[0], world(&all[..1])).unwrap_err();
+    assert_eq!(
+        problem,
+        Problem::Missing(vec!["cache-live".into(), "cache-vod".into()])
+    );
+}
+
+#[test]
+fn invalid_specs_are_refused_with_a_reason() {
+    let invalid = |c: &CdnCluster, all: &[CdnCluster]| match sources::resolve(c, world(all)) {
+        Err(Problem::Invalid(message)) => message,
+        other => panic!("expected Invalid, got {other:?}"),
+    };
+    let itself = cluster("a", Role::Cache, vec![source("a", None)]);
+    assert!(invalid(&itself, &[]).contains("lists itself"));
+
+    let twice = cluster(
+        "a",
+        Role::Cache,
+        vec![source("b", None), source("b", Some("^/x"))],
+    );
+    assert!(invalid(&twice, &[]).contains("listed twice"));
+
+    let defaults = cluster("a", Role::Cache, vec![source("b", None), source("c", None)]);
+    assert!(invalid(&defaults, &[]).contains("at most one source may be the default"));
+
+    let regex = cluster("a", Role::Cache, vec![source("b", Some("^/(live"))]);
+    assert!(invalid(&regex, &[]).contains("not a valid regular expression"));
+
+    let a = cluster("a", Role::Balancer, vec![source("b", None)]);
+    let b = cluster("b", Role::Cache, vec![source("c", None)]);
+    let c = cluster("c", Role::Cache, vec![source("a", None)]);
+    let all = [a.clone(), b, c];
+    assert_eq!(invalid(&a, &all), "sources form a cycle: a → b → c → a");
+
+    let long = cluster(&"x".repeat(53), Role::Cache, vec![]);
+    assert!(invalid(&long, &[]).contains("at most 52"));
+    let dotted = cluster("a.b", Role::Cache, vec![]);
+    assert!(invalid(&dotted, &[]).contains("DNS-1035"));
+}
+
+#[test]
+fn a_cycle_elsewhere_in_the_graph_does_not_invalidate_a_parent() {
+    // top → a → b → a: top is not on the cycle; it waits on nothing and deploys.
+    let top = cluster("top", Role::Balancer, vec![source("a", None)]);
+    let a = cluster("a", Role::Cache, vec![source("b", None)]);
+    let b = cluster("b", Role::Cache, vec![source("a", None)]);
+    let all = [top.clone(), a, b];
+    assert!(sources::resolve(&top, world(&all)).is_ok());
+}
+
+#[test]
+fn origins_resolve_to_urls_and_services() {
+    let mut c = cluster(
+        "c",
+        Role::Cache,
+        vec![
+            Source {
+                name: "web".into(),
+                path_condition: Some("^/web/".into()),
+                origin: Some(Origin {
+                    url: Some("https://origin.example.com/media/".into()),
+                    service: None,
+                }),
+            },
+            Source {
+                name: "store".into(),
+                path_condition: None,
+                origin: Some(Origin {
+                    url: None,
+                    service: Some(ServiceOrigin {
+                        name: "vod-store".into(),
+                        port: 8080,
+                    }),
+                }),
+            },
+        ],
+    );
+    let ups = sources::resolve(&c, world(&[])).unwrap();
+    assert_eq!(ups[0].scheme, "https");
+    assert_eq!(ups[0].address, "origin.example.com:443");
+    assert_eq!(ups[0].host_header.as_deref(), Some("origin.example.com"));
+    assert_eq!(ups[0].path_prefix, "/media");
+    assert_eq!(ups[1].address, "vod-store.default.svc:8080");
+
+    for (url, why) in [
+        ("ftp://x", "only http and https"),
+        ("http://u:p@x", "credentials"),
+        ("http://x/?a=1", "query"),
+        ("not a url", "is not a URL"),
+    ] {
+        c.spec.sources[0].origin.as_mut().unwrap().url = Some(url.into());
+        match sources::resolve(&c, world(&[])) {
+            Err(Problem::Invalid(m)) => assert!(m.contains(why), "{url}: {m}"),
+            other => panic!("{url}: {other:?}"),
+        }
+    }
+    c.spec.sources[0].origin = Some(Origin {
+        url: None,
+        service: None,
+    });
+    assert!(matches!(
+        sources::resolve(&c, world(&[])),
+        Err(Problem::Invalid(m)) if m.contains("exactly one of url or service")
+    ));
+}
+
+#[test]
+fn children_have_the_seed_names_labels_and_owner() {
+    let all = seed();
+    let ups = sources::resolve(&all[0], world(&all)).unwrap();
+    let children = build::children(&all[0], &ups);
+
+    let d = &children.deployment;
+    assert_eq!(d.metadata.name.as_deref(), Some("balancer-deployment"));
+    let owner = &d.metadata.owner_references.as_ref().unwrap()[0];
+    assert_eq!(
+        (
+            owner.kind.as_str(),
+            owner.name.as_str(),
+            owner.uid.as_str(),
+            owner.controller
+        ),
+        ("CdnCluster", "balancer", "uid-balancer", Some(true))
+    );
+    let spec = d.spec.as_ref().unwrap();
+    let selector = spec.selector.match_labels.as_ref().unwrap();
+    assert_eq!(
+        selector.get("deployment").map(String::as_str),
+        Some("balancer-deployment")
+    );
+    let template = spec.template.metadata.as_ref().unwrap();
+    assert_eq!(
+        template
+            .labels
+            .as_ref()
+            .unwrap()
+            .get("deployment")
+            .map(String::as_str),
+        Some("balancer-deployment")
+    );
+    let pod = spec.template.spec.as_ref().unwrap();
+    assert_eq!(pod.containers[0].name, "nginx");
+    assert_eq!(
+        pod.containers[0].image.as_deref(),
+        Some(build::DEFAULT_IMAGE)
+    );
+
+    assert_eq!(
+        children.config_map.metadata.name.as_deref(),
+        Some("balancer-nginx")
+    );
+    assert_eq!(children.service.metadata.name.as_deref(), Some("balancer"));
+    let svc = children.service.spec.as_ref().unwrap();
+    assert_eq!(
+        svc.selector
+            .as_ref()
+            .unwrap()
+            .get("deployment")
+            .map(String::as_str),
+        Some("balancer-deployment")
+    );
+    for meta in [
+        &children.deployment.metadata,
+        &children.config_map.metadata,
+        &children.service.metadata,
+    ] {
+        assert_eq!(meta.namespace.as_deref(), Some("default"));
+        assert_eq!(
+            meta.owner_references.as_ref().unwrap()[0].uid,
+            "uid-balancer"
+        );
+        assert_eq!(
+            meta.labels
+                .as_ref()
+                .unwrap()
+                .get("app.kubernetes.io/managed-by")
+                .map(String::as_str),
+            Some("cdn-operator")
+        );
+    }
+}
+
+#[test]
+fn pods_meet_the_restricted_pod_security_standard() {
+    let c = cluster("c", Role::Cache, vec![]);
+    let d = build::children(&c, &[]).deployment;
+    let pod = d.spec.unwrap().template.spec.unwrap();
+    let psc = pod.security_context.unwrap();
+    assert_eq!(psc.run_as_non_root, Some(true));
+    assert_ne!(psc.run_as_user, Some(0));
+    assert_eq!(psc.seccomp_profile.unwrap().type_, "RuntimeDefault");
+    assert_eq!(pod.automount_service_account_token, Some(false));
+    let container = &pod.containers[0];
+    let sc = container.security_context.as_ref().unwrap();
+    assert_eq!(sc.allow_privilege_escalation, Some(false));
+    assert_eq!(sc.read_only_root_filesystem, Some(true));
+    assert_eq!(
+        sc.capabilities.as_ref().unwrap().drop.as_deref(),
+        Some(&["ALL".to_string()][..])
+    );
+    let port = container.ports.as_ref().unwrap()[0].container_port;
+    assert!(port >= 1024, "unprivileged port");
+    // A cache gets an emptyDir for its cache, and every pod one for /tmp.
+    let mounts: Vec<_> = container
+        .volume_mounts
+        .as_ref()
+        .unwrap()
+        .iter()
+        .map(|m| m.mount_path.as_str())
+        .collect();
+    assert_eq!(mounts, ["/etc/nginx/cdn", "/tmp", "/var/cache/nginx"]);
+    let probe = container.readiness_probe.as_ref().unwrap();
+    assert_eq!(
+        probe.http_get.as_ref().unwrap().path.as_deref(),
+        Some(nginx::HEALTH_PATH)
+    );
+}
+
+#[test]
+fn a_config_change_changes_the_pod_template() {
+    let all = seed();
+    let hash = |c: &CdnCluster| {
+        let ups = sources::resolve(c, world(&all)).unwrap();
+        build::children(c, &ups)
+            .deployment
+            .spec
+            .unwrap()
+            .template
+            .metadata
+            .unwrap()
+            .annotations
+            .unwrap()[CONFIG_HASH_ANNOTATION]
+            .clone()
+    };
+    let before = hash(&all[0]);
+    assert_eq!(before, hash(&all[0]), "stable for the same spec");
+    let mut changed = all[0].clone();
+    changed.spec.sources[1].path_condition = Some("^/vod2/".into());
+    assert_ne!(before, hash(&changed));
+}
+
+#[test]
+fn nginx_routes_in_order_with_default_or_404() {
+    let up = |name: &str, path: Option<&str>| Upstream {
+        name: name.into(),
+        path_condition: path.map(Into::into),
+        scheme: "http",
+        address: format!("{name}.default.svc:80"),
+        host_header: None,
+        path_prefix: String::new(),
+        revision: None,
+    };
+    let c = cluster("b", Role::Balancer, vec![]);
+    let conf = build::config(
+        &c,
+        &[up("live", Some("^/live/")), up("vod", Some("^/vod/"))],
+        &Paths::default(),
+    );
+    let live = conf.find("location ~ \"^/live/\"").unwrap();
+    let vod = conf.find("location ~ \"^/vod/\"").unwrap();
+    assert!(live < vod, "regex locations keep the order of the sources");
+    assert!(conf.contains("location / {\n            return 404;"));
+    assert!(!conf.contains("proxy_cache "), "a balancer does not cache");
+    assert!(conf.contains("location = /healthz"));
+
+    let conf = build::config(
+        &c,
+        &[up("live", Some("^/live/")), up("vod", None)],
+        &Paths::default(),
+    );
+    assert!(conf.contains("location / {\n            proxy_set_header Host \"$host\";\n            proxy_pass http://source_1;"));
+    assert!(!conf.contains("return 404"));
+}
+
+#[test]
+fn nginx_quotes_regexes_and_caches_as_tuned() {
+    let mut c = cluster("c", Role::Cache, vec![]);
+    c.spec.cache = Some(CacheSpec {
+        size: Some("5g".into()),
+        inactive: Some("2h".into()),
+        valid: Some("30s".into()),
+    });
+    let tricky = Upstream {
+        name: "o".into(),
+        path_condition: Some(r#"^/a"b\d+$"#.into()),
+        scheme: "http",
+        address: "o.default.svc:80".into(),
+        host_header: None,
+        path_prefix: String::new(),
+        revision: None,
+    };
+    let conf = build::config(&c, &[tricky], &Paths::default());
+    assert!(conf.contains(r#"location ~ "^/a\"b\\d+$" {"#), "{conf}");
+    assert!(conf.contains("max_size=5g inactive=2h"));
+    assert!(conf.contains("proxy_cache_valid 200 206 301 302 30s;"));
+    assert!(conf.contains("add_header X-Cache-Status $upstream_cache_status always;"));
+}
+
+#[test]
+fn config_map_holds_the_config() {
+    let c = cluster("c", Role::Cache, vec![]);
+    let children = build::children(&c, &[]);
+    let data = children.config_map.data.unwrap();
+    assert!(data[CONFIG_KEY].contains("proxy_cache_path /var/cache/nginx/cdn"));
+}
+
+fn deployment(ready: i32, updated: i32, generation: i64, observed: i64) -> Deployment {
+    let mut d = Deployment::default();
+    d.metadata.generation = Some(generation);
+    d.status = Some(DeploymentStatus {
+        replicas: Some(1),
+        ready_replicas: Some(ready),
+        updated_replicas: Some(updated),
+        observed_generation: Some(observed),
+        ..DeploymentStatus::default()
+    });
+    d
+}
+
+#[test]
+fn status_follows_the_deployment() {
+    let c = cluster("c", Role::Cache, vec![]);
+    let s = status::desired(&c, Observed::Deployed(None), &now());
+    assert_eq!(s.state, Some(State::Deploying));
+    assert_eq!(s.ready.as_deref(), Some("0/1"));
+    let s = status::desired(
+        &c,
+        Observed::Deployed(Some(&deployment(1, 1, 2, 1))),
+        &now(),
+    );
+    assert_eq!(s.state, Some(State::Deploying), "old generation observed");
+    let s = status::desired(
+        &c,
+        Observed::Deployed(Some(&deployment(1, 1, 2, 2))),
+        &now(),
+    );
+    assert_eq!(s.state, Some(State::Running));
+    assert_eq!(s.ready_replicas, Some(1));
+    assert_eq!(s.observed_generation, Some(1));
+    assert!(crate::conditions::is_true(&s.conditions, status::READY));
+}
+
+#[test]
+fn unchanged_status_keeps_transition_times_and_emits_nothing() {
+    let mut c = cluster("c", Role::Cache, vec![source("x", None)]);
+    let missing = Problem::Missing(vec!["x".into()]);
+    let first = status::desired(&c, Observed::Problem(&missing), &now());
+    assert_eq!(first.state, Some(State::WaitingSource));
+    let notices = status::notices(&c, &first);
+    assert_eq!(notices.len(), 1);
+    assert_eq!(notices[0].reason, "SourceNotFound");
+    assert_eq!(notices[0].message, "Source x not found, will retry later");
+
+    c.status = Some(first.clone());
+    let later = Time("2026-11-22T11:00:00Z".parse().unwrap());
+    let second = status::desired(&c, Observed::Problem(&missing), &later);
+    assert_eq!(first, second, "same world, same status");
+    assert!(status::notices(&c, &second).is_empty());
+
+    // Another source missing now: a new Event.
+    let other = Problem::Missing(vec!["y".into()]);
+    let third = status::desired(&c, Observed::Problem(&other), &later);
+    let notices = status::notices(&c, &third);
+    assert_eq!(notices[0].message, "Source y not found, will retry later");
+}
+
+#[test]
+fn invalid_and_running_transitions_emit_one_event_each() {
+    let mut c = cluster("c", Role::Cache, vec![]);
+    let invalid = Problem::Invalid("sources form a cycle: c → d → c".into());
+    let s = status::desired(&c, Observed::Problem(&invalid), &now());
+    assert_eq!(s.state, Some(State::Invalid));
+    let n = status::notices(&c, &s);
+    assert_eq!(
+        (n.len(), n[0].reason, n[0].warning),
+        (1, "InvalidSpec", true)
+    );
+    assert!(crate::conditions::is_true(&s.conditions, status::STALLED));
+
+    c.status = Some(CdnClusterStatus {
+        state: Some(State::Deploying),
+        ..CdnClusterStatus::default()
+    });
+    let s = status::desired(
+        &c,
+        Observed::Deployed(Some(&deployment(1, 1, 1, 1))),
+        &now(),
+    );
+    let n = status::notices(&c, &s);
+    assert_eq!(n.iter().map(|n| n.reason).collect::<Vec<_>>(), ["Running"]);
+}
+
+#[test]
+fn every_label_value_fits_for_the_longest_name() {
+    let name = "a".repeat(crate::api::MAX_NAME_LEN);
+    let c = cluster(&name, Role::Cache, vec![]);
+    let children = build::children(&c, &[]);
+    let labels: BTreeMap<String, String> = children
+        .deployment
+        .spec
+        .unwrap()
+        .template
+        .metadata
+        .unwrap()
+        .labels
+        .unwrap();
+    for value in labels.values() {
+        assert!(value.len() <= 63, "{value}");
+    }
+    assert!(sources::check_name(&name).is_ok());
+}

@@ -1,0 +1,744 @@
+//! The CdnCluster controller against the in-memory API (kube-fake-client): the original system's
+//! scenarios, invalid specs, restores, and the zero-write steady state.
+//!
+//! The fake serves no watches, so each step fills the controller's caches from the API, as the
+//! watches would have, before reconciling.
+
+use cdn_operator::api::{CdnCluster, CdnClusterSpec, Role, Source, State};
+use cdn_operator::cdncluster::{self, build, Context};
+use cdn_operator::controller::{Backoff, Events, Leadership};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Service};
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::controller::Action;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::watcher;
+use kube::{Client, Resource, ResourceExt};
+use kube_fake_client::{interceptor, ClientBuilder};
+use serde::de::DeserializeOwned;
+use serde_json::json;
+use std::fmt::Debug;
+use std::sync::{Arc, Mutex};
+
+const NS: &str = "default";
+
+/// kube-fake-client reads the group/version/kind of a status subresource from `K::default()`;
+/// CdnCluster has no meaningful default, so this type names the same GVK.
+mod gvk {
+    #[derive(
+        kube::CustomResource,
+        serde::Serialize,
+        serde::Deserialize,
+        Clone,
+        Debug,
+        Default,
+        schemars::JsonSchema,
+    )]
+    #[kube(
+        group = "cluster.anevia.com",
+        version = "v1",
+        kind = "CdnCluster",
+        namespaced,
+        derive = "Default"
+    )]
+    pub struct Spec {}
+}
+
+/// The in-memory API, with a log of every write request sent to it.
+struct Cluster {
+    client: Client,
+    writes: Arc<Mutex<Vec<String>>>,
+    /// A write to fail, by "verb kind name" prefix, to exercise errors.
+    fail: Arc<Mutex<Option<String>>>,
+}
+
+fn kind_of(v: &serde_json::Value) -> String {
+    v.get("kind")
+        .and_then(|k| k.as_str())
+        .unwrap_or("?")
+        .to_string()
+}
+
+impl Cluster {
+    async fn new() -> Cluster {
+        let writes = Arc::new(Mutex::new(Vec::new()));
+        let fail: Arc<Mutex<Option<String>>> = Arc::new(Mutex::new(None));
+        let record =
+            |writes: &Arc<Mutex<Vec<String>>>, fail: &Arc<Mutex<Option<String>>>, entry: String| {
+                let injected = fail
+                    .lock()
+                    .unwrap()
+                    .as_ref()
+                    .is_some_and(|f| entry.starts_with(f.as_str()));
+                writes.lock().unwrap().push(entry.clone());
+                if injected {
+                    Err(kube_fake_client::Error::Internal(format!(
+                        "injected failure of {entry}"
+                    )))
+                } else {
+                    Ok(None)
+                }
+            };
+        let (w1, w2, w3, w4, w5) = (
+            writes.clone(),
+            writes.clone(),
+            writes.clone(),
+            writes.clone(),
+            writes.clone(),
+        );
+        let (f1, f2, f3, f4, f5) = (
+            fail.clone(),
+            fail.clone(),
+            fail.clone(),
+            fail.clone(),
+            fail.clone(),
+        );
+        let funcs = interceptor::Funcs::new()
+            .create(move |ctx| record(&w1, &f1, format!("create {}", kind_of(ctx.object))))
+            .patch(move |ctx| {
+                record(
+                    &w2,
+                    &f2,
+                    format!("patch {} {}", kind_of(ctx.patch), ctx.name),
+                )
+            })
+            .patch_status(move |ctx| {
+                record(
+                    &w3,
+                    &f3,
+                    format!("status {} {}", kind_of(ctx.patch), ctx.name),
+                )
+            })
+            .update(move |ctx| record(&w4, &f4, format!("update {}", kind_of(ctx.object))))
+            .replace_status(move |ctx| record(&w5, &f5, format!("replace-status {}", ctx.name)));
+        let client = ClientBuilder::new()
+            .with_resource::<CdnCluster>()
+            .with_status_subresource::<gvk::CdnCluster>()
+            .with_interceptor_funcs(funcs)
+            .build()
+            .await
+            .expect("fake client");
+        Cluster {
+            client,
+            writes,
+            fail,
+        }
+    }
+
+    fn take_writes(&self) -> Vec<String> {
+        std::mem::take(&mut *self.writes.lock().unwrap())
+    }
+
+    fn api<K>(&self) -> Api<K>
+    where
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
+    {
+        Api::namespaced(self.client.clone(), NS)
+    }
+
+    /// Creates a CdnCluster as a user would (not one of the operator's writes).
+    async fn create(&self, name: &str, role: Role, sources: &[(&str, Option<&str>)]) {
+        let spec = CdnClusterSpec {
+            role,
+            sources: sources
+                .iter()
+                .map(|(n, p)| Source {
+                    name: n.to_string(),
+                    path_condition: p.map(Into::into),
+                    origin: None,
+                })
+                .collect(),
+            replicas: 1,
+            image: None,
+            resources: None,
+            cache: None,
+        };
+        self.api::<CdnCluster>()
+            .create(&PostParams::default(), &CdnCluster::new(name, spec))
+            .await
+            .unwrap();
+        self.take_writes();
+    }
+
+    async fn get_cluster(&self, name: &str) -> CdnCluster {
+        self.api::<CdnCluster>().get(name).await.unwrap()
+    }
+
+    async fn state(&self, name: &str) -> Option<State> {
+        self.get_cluster(name).await.status.and_then(|s| s.state)
+    }
+
+    async fn deployment(&self, cluster: &str) -> Option<Deployment> {
+        self.api::<Deployment>()
+            .get_opt(&build::deployment_name(cluster))
+            .await
+            .unwrap()
+    }
+
+    /// Every Event about `name`, as (reason, note), in publication order.
+    async fn events(&self, name: &str) -> Vec<(String, String)> {
+        let mut events: Vec<Event> = self
+            .api::<Event>()
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+            .collect();
+        events.sort_by_key(|e| e.event_time.as_ref().map(|t| t.0));
+        events
+            .into_iter()
+            .map(|e| (e.reason.unwrap_or_default(), e.note.unwrap_or_default()))
+            .collect()
+    }
+
+    async fn store<K>(&self) -> Store<K>
+    where
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+            + Clone
+            + DeserializeOwned
+            + Debug
+            + Send
+            + Sync
+            + 'static,
+    {
+        let (reader, mut writer) = reflector::store();
+        for obj in self.api::<K>().list(&ListParams::default()).await.unwrap() {
+            writer.apply_watcher_event(&watcher::Event::Apply(obj));
+        }
+        reader
+    }
+
+    /// The controller's context with caches as fresh as the watches would make them.
+    async fn context(&self) -> Arc<Context> {
+        Arc::new(Context {
+            client: self.client.clone(),
+            events: Events::new(self.client.clone(), Some("test".into())),
+            leadership: Leadership::always(),
+            clusters: self.store().await,
+            deployments: self.store().await,
+            config_maps: self.store().await,
+            services: self.store().await,
+            backoff: Backoff::default(),
+        })
+    }
+
+    async fn reconcile(&self, name: &str) -> Result<Action, cdn_operator::controller::Error> {
+        let obj = Arc::new(self.get_cluster(name).await);
+        cdncluster::reconcile(obj, self.context().await).await
+    }
+
+    async fn reconcile_ok(&self, name: &str) {
+        let action = self.reconcile(name).await.expect("reconcile");
+        assert_eq!(action, Action::await_change(), "no polling");
+    }
+
+    /// The CdnClusters the controller re-reconciles when `name` changes, by name.
+    async fn parents(&self, name: &str) -> Vec<String> {
+        let ctx = self.context().await;
+        let changed = self.get_cluster(name).await;
+        let mut names: Vec<String> = cdncluster::parents(&ctx.clusters, &changed)
+            .into_iter()
+            .map(|r| r.name)
+            .collect();
+        names.sort();
+        names
+    }
+}
+
+fn note(reason: &str, note: &str) -> (String, String) {
+    (reason.to_string(), note.to_string())
+}
+
+#[tokio::test]
+async fn foo_and_foo2_get_their_deployments() {
+    let c = Cluster::new().await;
+    c.create("foo", Role::Cache, &[]).await;
+    c.create("foo2", Role::Balancer, &[]).await;
+    for name in ["foo", "foo2"] {
+        c.reconcile_ok(name).await;
+        let d = c.deployment(name).await.expect("deployment");
+        assert_eq!(d.name_any(), format!("{name}-deployment"));
+        let owner = &d.owner_references()[0];
+        assert_eq!(
+            (owner.kind.as_str(), owner.name.as_str()),
+            ("CdnCluster", name)
+        );
+        assert!(c
+            .api::<ConfigMap>()
+            .get_opt(&format!("{name}-nginx"))
+            .await
+            .unwrap()
+            .is_some());
+        assert!(c.api::<Service>().get_opt(name).await.unwrap().is_some());
+        assert_eq!(c.state(name).await, Some(State::Deploying));
+        assert_eq!(
+            c.events(name).await,
+            [note(
+                "DeploymentCreated",
+                &format!("The Deployment {name}-deployment has been created")
+            )]
+        );
+    }
+}
+
+#[tokio::test]
+async fn writes_are_server_side_applies_and_status_goes_through_the_subresource() {
+    let c = Cluster::new().await;
+    c.create("foo", Role::Cache, &[]).await;
+    c.reconcile_ok("foo").await;
+    let writes = c.take_writes();
+    assert_eq!(
+        writes,
+        [
+            "patch ConfigMap foo-nginx",
+            "patch Service foo",
+            "patch Deployment foo-deployment",
+            "status CdnCluster foo",
+            "create Event",
+        ]
+    );
+    let status = c.get_cluster("foo").await.status.expect("status written");
+    assert_eq!(status.state, Some(State::Deploying));
+    assert_eq!(status.ready.as_deref(), Some("0/1"));
+    // The fake applies `patch` with the apply content type only with a field manager: the
+    // operator's, forced.
+    let d = c.deployment("foo").await.unwrap();
+    assert!(d
+        .annotations()
+        .contains_key(cdn_operator::apply::APPLIED_HASH_ANNOTATION));
+}
+
+#[tokio::test]
+async fn an_unchanged_world_costs_no_write() {
+    let c = Cluster::new().await;
+    c.create("foo", Role::Cache, &[]).await;
+    c.create("bar", Role::Balancer, &[("foo", None)]).await;
+    c.reconcile_ok("foo").await;
+    c.reconcile_ok("bar").await;
+    c.take_writes();
+    for _ in 0..3 {
+        c.reconcile_ok("foo").await;
+        c.reconcile_ok("bar").await;
+    }
+    assert_eq!(c.take_writes(), Vec::<String>::new());
+
+    // A field another manager sets on a child is left alone, and costs no write either.
+    c.api::<Deployment>()
+        .patch(
+            "foo-deployment",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {"team": "video"}}})),
+        )
+        .await
+        .unwrap();
+    c.take_writes();
+    c.reconcile_ok("foo").await;
+    assert_eq!(c.take_writes(), Vec::<String>::new());
+    let d = c.deployment("foo").await.unwrap();
+    assert_eq!(
+        d.annotations().get("team").map(String::as_str),
+        Some("video")
+    );
+}
+
+#[tokio::test]
+async fn a_deleted_deployment_is_recreated() {
+    let c = Cluster::new().await;
+    c.create("foo", Role::Cache, &[]).await;
+    c.reconcile_ok("foo").await;
+    c.api::<Deployment>()
+        .delete("foo-deployment", &DeleteParams::default())
+        .await
+        .unwrap();
+    c.take_writes();
+    c.reconcile_ok("foo").await;
+    assert!(c.deployment("foo").await.is_some());
+    assert_eq!(
+        c.take_writes(),
+        ["patch Deployment foo-deployment", "create Event"]
+    );
+    let created = note(
+        "DeploymentCreated",
+        "The Deployment foo-deployment has been created",
+    );
+    assert_eq!(c.events("foo").await, [created.clone(), created]);
+}
+
+#[tokio::test]
+async fn a_hand_edit_of_an_owned_field_is_reverted() {
+    let c = Cluster::new().await;
+    c.create("foo", Role::Cache, &[]).await;
+    c.reconcile_ok("foo").await;
+    let edit = json!({"spec": {"template": {"spec": {"containers": [{"name": "nginx", "image": "evil:latest"}]}}}});
+    c.api::<Deployment>()
+        .patch(
+            "foo-deployment",
+            &PatchParams::default(),
+            &Patch::Strategic(edit),
+        )
+        .await
+        .unwrap();
+    let cm_edit = json!({"data": {"nginx.conf": "events {}"}});
+    c.api::<ConfigMap>()
+        .patch("foo-nginx", &PatchParams::default(), &Patch::Merge(cm_edit))
+        .await
+        .unwrap();
+    c.take_writes();
+    c.reconcile_ok("foo").await;
+    assert_eq!(
+        c.take_writes(),
+        [
+            "patch ConfigMap foo-nginx",
+            "patch Deployment foo-deployment",
+            "create Event",
+            "create Event"
+        ]
+    );
+    let image = |d: Deployment| {
+        d.spec.unwrap().template.spec.unwrap().containers[0]
+            .image
+            .clone()
+    };
+    assert_eq!(
+        image(c.deployment("foo").await.unwrap()).as_deref(),
+        Some(build::DEFAULT_IMAGE)
+    );
+    let cm = c.api::<ConfigMap>().get("foo-nginx").await.unwrap();
+    assert!(cm.data.unwrap()["nginx.conf"].contains("proxy_cache_path"));
+    let reasons: Vec<String> = c.events("foo").await.into_iter().map(|e| e.0).collect();
+    assert_eq!(
+        reasons,
+        ["DeploymentCreated", "ChildRestored", "ChildRestored"]
+    );
+}
+
+#[tokio::test]
+async fn foo3_waits_for_asource_then_deploys() {
+    let c = Cluster::new().await;
+    c.create("foo3", Role::Balancer, &[("asource", None)]).await;
+    c.reconcile_ok("foo3").await;
+    assert!(
+        c.deployment("foo3").await.is_none(),
+        "no Deployment while a source is missing"
+    );
+    assert_eq!(c.state("foo3").await, Some(State::WaitingSource));
+    let waiting = note(
+        "SourceNotFound",
+        "Source asource not found, will retry later",
+    );
+    assert_eq!(c.events("foo3").await, std::slice::from_ref(&waiting));
+    let cluster = c.get_cluster("foo3").await;
+    let sources_ready =
+        cdn_operator::conditions::find(&cluster.status.unwrap().conditions, "SourcesReady")
+            .cloned()
+            .unwrap();
+    assert_eq!(
+        (sources_ready.status.as_str(), sources_ready.reason.as_str()),
+        ("False", "SourceNotFound")
+    );
+
+    // Reconciling again while waiting: no Event, no write.
+    c.take_writes();
+    c.reconcile_ok("foo3").await;
+    assert_eq!(c.take_writes(), Vec::<String>::new());
+    assert_eq!(c.events("foo3").await, std::slice::from_ref(&waiting));
+
+    // asource appears: it deploys, and its change re-reconciles foo3, which deploys too.
+    c.create("asource", Role::Cache, &[]).await;
+    assert_eq!(c.parents("asource").await, ["foo3"]);
+    c.reconcile_ok("asource").await;
+    assert!(c.deployment("asource").await.is_some());
+    c.reconcile_ok("foo3").await;
+    assert!(c.deployment("foo3").await.is_some());
+    assert_eq!(c.state("foo3").await, Some(State::Deploying));
+    assert_eq!(
+        c.events("foo3").await,
+        [
+            waiting,
+            note(
+                "DeploymentCreated",
+                "The Deployment foo3-deployment has been created"
+            )
+        ]
+    );
+    let cm = c.api::<ConfigMap>().get("foo3-nginx").await.unwrap();
+    assert!(cm.data.unwrap()["nginx.conf"].contains("server asource.default.svc:80;"));
+}
+
+#[tokio::test]
+async fn seed_examples_in_order_give_the_seed_event_sequence() {
+    let c = Cluster::new().await;
+    c.create(
+        "balancer",
+        Role::Balancer,
+        &[
+            ("cache-live", Some("^/live/")),
+            ("cache-vod", Some("^/vod/")),
+        ],
+    )
+    .await;
+    c.reconcile_ok("balancer").await;
+    c.create("cache-live", Role::Cache, &[]).await;
+    c.reconcile_ok("cache-live").await;
+    for parent in c.parents("cache-live").await {
+        c.reconcile_ok(&parent).await;
+    }
+    c.create("cache-vod", Role::Cache, &[]).await;
+    c.reconcile_ok("cache-vod").await;
+    for parent in c.parents("cache-vod").await {
+        c.reconcile_ok(&parent).await;
+    }
+    assert_eq!(
+        c.events("balancer").await,
+        [
+            note(
+                "SourceNotFound",
+                "Source cache-live not found, will retry later"
+            ),
+            note(
+                "SourceNotFound",
+                "Source cache-vod not found, will retry later"
+            ),
+            note(
+                "DeploymentCreated",
+                "The Deployment balancer-deployment has been created"
+            ),
+        ]
+    );
+    for cache in ["cache-live", "cache-vod"] {
+        assert_eq!(
+            c.events(cache).await,
+            [note(
+                "DeploymentCreated",
+                &format!("The Deployment {cache}-deployment has been created")
+            )]
+        );
+    }
+    for name in ["balancer", "cache-live", "cache-vod"] {
+        assert_eq!(c.state(name).await, Some(State::Deploying));
+    }
+}
+
+#[tokio::test]
+async fn parents_are_found_in_the_same_namespace_only() {
+    let c = Cluster::new().await;
+    c.create("a", Role::Balancer, &[("x", None)]).await;
+    c.create("b", Role::Balancer, &[("x", Some("^/b"))]).await;
+    c.create("x", Role::Cache, &[]).await;
+    let other: Api<CdnCluster> = Api::namespaced(c.client.clone(), "other");
+    let mut foreign = c.get_cluster("a").await;
+    foreign.metadata = kube::api::ObjectMeta {
+        name: Some("c".into()),
+        namespace: Some("other".into()),
+        ..Default::default()
+    };
+    foreign.status = None;
+    other
+        .create(&PostParams::default(), &foreign)
+        .await
+        .unwrap();
+    assert_eq!(c.parents("x").await, ["a", "b"]);
+}
+
+#[tokio::test]
+async fn the_cluster_becomes_running_when_its_replicas_are_ready() {
+    let c = Cluster::new().await;
+    c.create("foo", Role::Cache, &[]).await;
+    c.reconcile_ok("foo").await;
+    let generation = c.deployment("foo").await.unwrap().metadata.generation;
+    c.api::<Deployment>()
+        .patch_status(
+            "foo-deployment",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"replicas": 1, "readyReplicas": 1, "updatedReplicas": 1, "observedGeneration": generation}})),
+        )
+        .await
+        .unwrap();
+    c.reconcile_ok("foo").await;
+    let status = c.get_cluster("foo").await.status.unwrap();
+    assert_eq!(status.state, Some(State::Running));
+    assert_eq!(status.ready.as_deref(), Some("1/1"));
+    assert!(cdn_operator::conditions::is_true(
+        &status.conditions,
+        "Ready"
+    ));
+    assert_eq!(c.events("foo").await.last().unwrap().0, "Running");
+}
+
+#[tokio::test]
+async fn a_spec_change_reaches_the_children() {
+    let c = Cluster::new().await;
+    c.create("live", Role::Cache, &[]).await;
+    c.create("lb", Role::Balancer, &[("live", Some("^/live/"))])
+        .await;
+    c.reconcile_ok("live").await;
+    c.reconcile_ok("lb").await;
+    let hash = |d: Deployment| {
+        d.spec
+            .unwrap()
+            .template
+            .metadata
+            .unwrap()
+            .annotations
+            .unwrap()[build::CONFIG_HASH_ANNOTATION]
+            .clone()
+    };
+    let before = hash(c.deployment("lb").await.unwrap());
+    c.api::<CdnCluster>()
+        .patch(
+            "lb",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"sources": [{"name": "live", "pathCondition": "^/hls/"}], "replicas": 3}})),
+        )
+        .await
+        .unwrap();
+    c.take_writes();
+    c.reconcile_ok("lb").await;
+    assert_eq!(
+        c.take_writes(),
+        [
+            "patch ConfigMap lb-nginx",
+            "patch Deployment lb-deployment",
+            "status CdnCluster lb",
+            "create Event",
+            "create Event"
+        ]
+    );
+    let cm = c.api::<ConfigMap>().get("lb-nginx").await.unwrap();
+    assert!(cm.data.unwrap()["nginx.conf"].contains("location ~ \"^/hls/\""));
+    let d = c.deployment("lb").await.unwrap();
+    assert_eq!(d.spec.as_ref().unwrap().replicas, Some(3));
+    assert_ne!(hash(d), before, "the new config rolls out");
+}
+
+#[tokio::test]
+async fn cycles_and_invalid_specs_are_reported_without_children_or_loops() {
+    let c = Cluster::new().await;
+    c.create("a", Role::Balancer, &[("b", None)]).await;
+    c.create("b", Role::Cache, &[("a", None)]).await;
+    c.create("self", Role::Cache, &[("self", None)]).await;
+    c.create("dup", Role::Cache, &[("a", Some("^/x")), ("a", None)])
+        .await;
+    for (name, message) in [
+        ("a", "sources form a cycle: a → b → a"),
+        ("b", "sources form a cycle: b → a → b"),
+        ("self", "self lists itself as a source"),
+        (
+            "dup",
+            "source a is listed twice: each source may appear once",
+        ),
+    ] {
+        c.reconcile_ok(name).await;
+        assert_eq!(c.state(name).await, Some(State::Invalid), "{name}");
+        assert!(c.deployment(name).await.is_none(), "{name}: no children");
+        assert_eq!(c.events(name).await, [note("InvalidSpec", message)]);
+        let status = c.get_cluster(name).await.status.unwrap();
+        let stalled = cdn_operator::conditions::find(&status.conditions, "Stalled")
+            .cloned()
+            .unwrap();
+        assert_eq!(
+            (stalled.status.as_str(), stalled.message.as_str()),
+            ("True", message)
+        );
+        // Reconciling again changes nothing and says nothing: no hot loop.
+        c.take_writes();
+        c.reconcile_ok(name).await;
+        assert_eq!(c.take_writes(), Vec::<String>::new(), "{name}");
+        assert_eq!(c.events(name).await.len(), 1);
+    }
+}
+
+#[tokio::test]
+async fn an_invalid_change_leaves_the_children_as_they_were() {
+    let c = Cluster::new().await;
+    c.create("a", Role::Cache, &[]).await;
+    c.reconcile_ok("a").await;
+    let before = c.api::<ConfigMap>().get("a-nginx").await.unwrap().data;
+    c.api::<CdnCluster>()
+        .patch(
+            "a",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"sources": [{"name": "a"}]}})),
+        )
+        .await
+        .unwrap();
+    c.take_writes();
+    c.reconcile_ok("a").await;
+    assert_eq!(c.take_writes(), ["status CdnCluster a", "create Event"]);
+    assert_eq!(c.state("a").await, Some(State::Invalid));
+    assert_eq!(
+        c.api::<ConfigMap>().get("a-nginx").await.unwrap().data,
+        before
+    );
+}
+
+#[tokio::test]
+async fn a_deleted_source_sends_its_parents_back_to_waiting() {
+    let c = Cluster::new().await;
+    c.create("cache", Role::Cache, &[]).await;
+    c.create("lb", Role::Balancer, &[("cache", None)]).await;
+    c.reconcile_ok("cache").await;
+    c.reconcile_ok("lb").await;
+    assert_eq!(c.state("lb").await, Some(State::Deploying));
+    let parents = c.parents("cache").await;
+    c.api::<CdnCluster>()
+        .delete("cache", &DeleteParams::default())
+        .await
+        .unwrap();
+    for parent in parents {
+        c.reconcile_ok(&parent).await;
+    }
+    assert_eq!(c.state("lb").await, Some(State::WaitingSource));
+    assert_eq!(
+        c.events("lb").await.last().unwrap(),
+        &note("SourceNotFound", "Source cache not found, will retry later")
+    );
+    assert!(
+        c.deployment("lb").await.is_some(),
+        "running children keep serving"
+    );
+}
+
+#[tokio::test]
+async fn api_errors_retry_with_backoff() {
+    let c = Cluster::new().await;
+    c.create("foo", Role::Cache, &[]).await;
+    *c.fail.lock().unwrap() = Some("patch Deployment".into());
+    let ctx = c.context().await;
+    let obj = Arc::new(c.get_cluster("foo").await);
+    let error = cdncluster::reconcile(obj.clone(), ctx.clone())
+        .await
+        .unwrap_err();
+    assert!(error.to_string().contains("injected failure"), "{error}");
+    let delays: Vec<Action> = (0..3)
+        .map(|_| cdncluster::error_policy(obj.clone(), &error, ctx.clone()))
+        .collect();
+    assert_eq!(
+        delays,
+        [1, 2, 4].map(|s| Action::requeue(std::time::Duration::from_secs(s)))
+    );
+    // Success resets the backoff.
+    *c.fail.lock().unwrap() = None;
+    cdncluster::reconcile(obj.clone(), ctx.clone())
+        .await
+        .unwrap();
+    assert_eq!(
+        cdncluster::error_policy(obj, &error, ctx),
+        Action::requeue(std::time::Duration::from_secs(1))
+    );
+}
+
+#[tokio::test]
+async fn a_standby_replica_writes_nothing() {
+    let c = Cluster::new().await;
+    c.create("foo", Role::Cache, &[]).await;
+    let mut ctx = Arc::try_unwrap(c.context().await).ok().unwrap();
+    ctx.leadership = Leadership::standby();
+    let obj = Arc::new(c.get_cluster("foo").await);
+    cdncluster::reconcile(obj, Arc::new(ctx)).await.unwrap();
+    assert_eq!(c.take_writes(), Vec::<String>::new());
+    assert!(c.deployment("foo").await.is_none());
+}

@@ -1,0 +1,506 @@
+//! Generated nginx configurations, run by the real nginx: `nginx -t` for every shape of spec, and
+//! the seed topology serving real requests (balancer → cache-live / cache-vod → origins).
+//!
+//! Each nginx runs in a private mount namespace whose /etc/hosts maps the in-cluster Service names
+//! of the configuration to loopback addresses, so the configurations under test are exactly the
+//! ones the operator ships, with only the listen address and file paths moved.
+
+use cdn_operator::api::{
+    CacheSpec, CdnCluster, CdnClusterSpec, Origin, Role, ServiceOrigin, Source,
+};
+use cdn_operator::cdncluster::build;
+use cdn_operator::cdncluster::nginx::{Paths, CACHE_STATUS_HEADER};
+use cdn_operator::cdncluster::sources;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+fn nginx() -> PathBuf {
+    for candidate in ["/usr/sbin/nginx", "/usr/bin/nginx"] {
+        if Path::new(candidate).exists() {
+            return candidate.into();
+        }
+    }
+    panic!("nginx is not installed: run scripts/install-test-deps.sh (./test.sh does)");
+}
+
+fn source(name: &str, path: Option<&str>) -> Source {
+    Source {
+        name: name.into(),
+        path_condition: path.map(Into::into),
+        origin: None,
+    }
+}
+
+fn origin_service(label: &str, service: &str, path: Option<&str>) -> Source {
+    Source {
+        name: label.into(),
+        path_condition: path.map(Into::into),
+        origin: Some(Origin {
+            url: None,
+            service: Some(ServiceOrigin {
+                name: service.into(),
+                port: 80,
+            }),
+        }),
+    }
+}
+
+fn origin_url(label: &str, url: &str, path: Option<&str>) -> Source {
+    Source {
+        name: label.into(),
+        path_condition: path.map(Into::into),
+        origin: Some(Origin {
+            url: Some(url.into()),
+            service: None,
+        }),
+    }
+}
+
+fn cluster(name: &str, role: Role, sources: Vec<Source>) -> CdnCluster {
+    let mut c = CdnCluster::new(
+        name,
+        CdnClusterSpec {
+            role,
+            sources,
+            replicas: 1,
+            image: None,
+            resources: None,
+            cache: None,
+        },
+    );
+    c.metadata.namespace = Some("default".into());
+    c.metadata.uid = Some(format!("{name}-uid"));
+    c
+}
+
+/// The configuration of `c` with its sources looked up among `all`, as the controller builds it.
+fn config(c: &CdnCluster, all: &[CdnCluster], paths: &Paths) -> String {
+    let upstreams = sources::resolve(c, |name| {
+        all.iter()
+            .find(|x| x.metadata.name.as_deref() == Some(name))
+            .map(|x| Arc::new(x.clone()))
+    })
+    .unwrap_or_else(|problem| panic!("{problem:?}"));
+    build::config(c, &upstreams, paths)
+}
+
+/// Writes an /etc/hosts that maps `names` to addresses, keeping localhost.
+fn hosts_file(dir: &Path, names: &[(&str, &str)]) -> PathBuf {
+    let mut text = String::from("127.0.0.1 localhost\n::1 localhost\n");
+    for (name, ip) in names {
+        text.push_str(&format!("{ip} {name}\n"));
+    }
+    let path = dir.join("hosts");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// `nginx ARGS` in a mount namespace where `hosts` is /etc/hosts.
+fn nginx_command(hosts: &Path, args: &[&str]) -> Command {
+    let mut script = format!(
+        "mount --bind '{}' /etc/hosts && exec '{}'",
+        hosts.display(),
+        nginx().display()
+    );
+    for arg in args {
+        script.push_str(&format!(" '{arg}'"));
+    }
+    let mut cmd = Command::new("unshare");
+    cmd.args(["--mount", "sh", "-c", &script]);
+    cmd
+}
+
+fn check(conf: &str, dir: &Path, hosts: &Path) {
+    let file = dir.join("nginx.conf");
+    std::fs::write(&file, conf).unwrap();
+    let out = nginx_command(hosts, &["-e", "stderr", "-t", "-c", file.to_str().unwrap()])
+        .output()
+        .expect("run nginx -t");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success()
+            && stderr.contains("syntax is ok")
+            && stderr.contains("test is successful"),
+        "nginx -t refused the generated configuration:\n{stderr}\n--- configuration ---\n{conf}"
+    );
+}
+
+#[test]
+fn every_generated_configuration_passes_nginx_t() {
+    let dir = tempfile::tempdir().unwrap();
+    let hosts = hosts_file(
+        dir.path(),
+        &[
+            ("cache-live.default.svc", "127.0.0.1"),
+            ("cache-vod.default.svc", "127.0.0.1"),
+            ("vod-store.default.svc", "127.0.0.1"),
+            ("origin.example.com", "127.0.0.1"),
+        ],
+    );
+    let live = cluster("cache-live", Role::Cache, vec![]);
+    let vod = cluster("cache-vod", Role::Cache, vec![]);
+    let mut tuned = cluster(
+        "cache-tuned",
+        Role::Cache,
+        vec![origin_url(
+            "web",
+            "https://origin.example.com:8443/media/",
+            None,
+        )],
+    );
+    tuned.spec.cache = Some(CacheSpec {
+        size: Some("20g".into()),
+        inactive: Some("1h".into()),
+        valid: Some("30s".into()),
+    });
+    let specs = vec![
+        // The seed: a balancer routing by path, no default.
+        cluster(
+            "balancer",
+            Role::Balancer,
+            vec![
+                source("cache-live", Some("^/live/")),
+                source("cache-vod", Some("^/vod/")),
+            ],
+        ),
+        // The seed caches: no sources at all.
+        live.clone(),
+        vod.clone(),
+        // A default source after a routed one.
+        cluster(
+            "balancer-default",
+            Role::Balancer,
+            vec![
+                source("cache-live", Some("^/live/")),
+                source("cache-vod", None),
+            ],
+        ),
+        // Only a default.
+        cluster(
+            "balancer-one",
+            Role::Balancer,
+            vec![source("cache-live", None)],
+        ),
+        // Origins: URL (http with path, https with port) and Service.
+        cluster(
+            "cache-origins",
+            Role::Cache,
+            vec![
+                origin_url("hls", "http://origin.example.com/hls", Some("\\.m3u8$")),
+                origin_service("store", "vod-store", None),
+            ],
+        ),
+        tuned,
+        // Regexes nginx must read back exactly: quotes, backslashes, braces, alternation.
+        cluster(
+            "balancer-regex",
+            Role::Balancer,
+            vec![
+                source("cache-live", Some(r#"^/(live|hls)/[a-z]{2,8}/.*\.ts$"#)),
+                source("cache-vod", Some(r#"^/vod/"quoted"/\d+;x$"#)),
+            ],
+        ),
+    ];
+    let mut world = specs.clone();
+    world.extend([live, vod]);
+    for c in &specs {
+        let case = dir.path().join(c.metadata.name.as_deref().unwrap());
+        std::fs::create_dir_all(&case).unwrap();
+        // Production paths, except the cache (nginx -t creates it).
+        let paths = Paths {
+            cache_dir: case.to_str().unwrap().into(),
+            ..Paths::default()
+        };
+        check(&config(c, &world, &paths), &case, &hosts);
+    }
+}
+
+#[test]
+fn nginx_t_catches_a_broken_configuration() {
+    // The check above must be able to fail: a config nginx cannot read is reported.
+    let dir = tempfile::tempdir().unwrap();
+    let hosts = hosts_file(dir.path(), &[]);
+    let file = dir.path().join("nginx.conf");
+    std::fs::write(
+        &file,
+        "events {}\nhttp { server { location ~ \"(\" { } } }\n",
+    )
+    .unwrap();
+    let out = nginx_command(
+        &hosts,
+        &["-e", "stderr", "-t", "-c", file.to_str().unwrap()],
+    )
+    .output()
+    .unwrap();
+    assert!(!out.status.success());
+}
+
+/// A running nginx, stopped on drop.
+struct Nginx {
+    child: Child,
+    name: String,
+}
+
+impl Drop for Nginx {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start(name: &str, conf: &str, dir: &Path, hosts: &Path, addr: &str) -> Nginx {
+    let file = dir.join(format!("{name}.conf"));
+    std::fs::write(&file, conf).unwrap();
+    // One process (no master), so stopping the child stops nginx.
+    let log = dir.join(format!("{name}.log"));
+    let child = nginx_command(
+        hosts,
+        &[
+            "-e",
+            log.to_str().unwrap(),
+            "-c",
+            file.to_str().unwrap(),
+            "-g",
+            "daemon off; master_process off;",
+        ],
+    )
+    .stdout(Stdio::null())
+    .stderr(Stdio::null())
+    .spawn()
+    .unwrap();
+    let mut server = Nginx {
+        child,
+        name: name.into(),
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while TcpStream::connect(addr).is_err() {
+        if let Ok(Some(status)) = server.child.try_wait() {
+            let log = std::fs::read_to_string(&log).unwrap_or_default();
+            panic!("nginx {} exited: {status}\n{log}\n{conf}", server.name);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "nginx {name} did not listen on {addr}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    server
+}
+
+struct Response {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: String,
+}
+
+impl Response {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+fn get(addr: &str, path: &str) -> Response {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    write!(
+        stream,
+        "GET {path} HTTP/1.0\r\nHost: cdn.example.com\r\n\r\n"
+    )
+    .unwrap();
+    let mut raw = String::new();
+    stream.read_to_string(&mut raw).unwrap();
+    let (head, body) = raw.split_once("\r\n\r\n").expect("an HTTP response");
+    let mut lines = head.lines();
+    let status = lines
+        .next()
+        .unwrap()
+        .split(' ')
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(n, v)| (n.trim().to_string(), v.trim().to_string()))
+        .collect();
+    Response {
+        status,
+        headers,
+        body: body.to_string(),
+    }
+}
+
+fn origin_conf(root: &Path, listen: &str, tmp: &Path) -> String {
+    let tmp = tmp.display();
+    format!(
+        "pid {tmp}/origin-{listen}.pid;\nevents {{}}\nhttp {{\n  access_log off;\n  \
+         client_body_temp_path {tmp}/ocb; proxy_temp_path {tmp}/op; fastcgi_temp_path {tmp}/of;\n  \
+         uwsgi_temp_path {tmp}/ou; scgi_temp_path {tmp}/os;\n  \
+         server {{ listen {listen}; root {}; }}\n}}\n",
+        root.display()
+    )
+}
+
+#[test]
+fn seed_topology_routes_caches_and_answers_404() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    // Origins: each serves different content, so a body tells which path a request took.
+    let live_root = d.join("origin-live");
+    let vod_root = d.join("origin-vod");
+    std::fs::create_dir_all(live_root.join("live")).unwrap();
+    std::fs::create_dir_all(vod_root.join("vod")).unwrap();
+    std::fs::write(live_root.join("live/seg1.ts"), "LIVE-SEGMENT-1").unwrap();
+    std::fs::write(vod_root.join("vod/movie.mp4"), "VOD-MOVIE").unwrap();
+    std::fs::write(vod_root.join("other.txt"), "VOD-OTHER").unwrap();
+
+    let hosts = hosts_file(
+        d,
+        &[
+            ("cache-live.default.svc", "127.0.0.11"),
+            ("cache-vod.default.svc", "127.0.0.12"),
+            ("origin-live.default.svc", "127.0.0.21"),
+            ("origin-vod.default.svc", "127.0.0.22"),
+        ],
+    );
+
+    // The seed examples, with an origin added to each cache ("add origins here").
+    let cache_live = cluster(
+        "cache-live",
+        Role::Cache,
+        vec![origin_service("origin", "origin-live", None)],
+    );
+    let cache_vod = cluster(
+        "cache-vod",
+        Role::Cache,
+        vec![origin_service("origin", "origin-vod", None)],
+    );
+    let balancer = cluster(
+        "balancer",
+        Role::Balancer,
+        vec![
+            source("cache-live", Some("^/live/")),
+            source("cache-vod", Some("^/vod/")),
+        ],
+    );
+    let balancer_default = cluster(
+        "balancer-default",
+        Role::Balancer,
+        vec![
+            source("cache-live", Some("^/live/")),
+            source("cache-vod", None),
+        ],
+    );
+    let world = [
+        cache_live.clone(),
+        cache_vod.clone(),
+        balancer.clone(),
+        balancer_default.clone(),
+    ];
+
+    let mut servers = Vec::new();
+    let tmp = d.join("tmp");
+    std::fs::create_dir_all(&tmp).unwrap();
+    servers.push(start(
+        "origin-live",
+        &origin_conf(&live_root, "127.0.0.21:80", &tmp),
+        d,
+        &hosts,
+        "127.0.0.21:80",
+    ));
+    servers.push(start(
+        "origin-vod",
+        &origin_conf(&vod_root, "127.0.0.22:80", &tmp),
+        d,
+        &hosts,
+        "127.0.0.22:80",
+    ));
+    // Each CdnCluster listens where its Service name points, on the Service port.
+    for (c, addr) in [
+        (&cache_live, "127.0.0.11:80"),
+        (&cache_vod, "127.0.0.12:80"),
+        (&balancer, "127.0.0.13:80"),
+        (&balancer_default, "127.0.0.14:80"),
+    ] {
+        let name = c.metadata.name.clone().unwrap();
+        let own = d.join(&name);
+        std::fs::create_dir_all(&own).unwrap();
+        let paths = Paths {
+            listen: addr.into(),
+            temp_dir: own.to_str().unwrap().into(),
+            cache_dir: own.to_str().unwrap().into(),
+        };
+        servers.push(start(&name, &config(c, &world, &paths), d, &hosts, addr));
+    }
+
+    let balancer = "127.0.0.13:80";
+    let r = get(balancer, "/live/seg1.ts");
+    assert_eq!(
+        (r.status, r.body.as_str()),
+        (200, "LIVE-SEGMENT-1"),
+        "/live/ reaches cache-live"
+    );
+    assert_eq!(r.header(CACHE_STATUS_HEADER), Some("MISS"));
+    let r = get(balancer, "/live/seg1.ts");
+    assert_eq!((r.status, r.body.as_str()), (200, "LIVE-SEGMENT-1"));
+    assert_eq!(
+        r.header(CACHE_STATUS_HEADER),
+        Some("HIT"),
+        "second request is a cache HIT"
+    );
+    // Only one request reached the live cache's origin... and the HIT is served even without it.
+    drop(servers.remove(0));
+    let r = get(balancer, "/live/seg1.ts");
+    assert_eq!(
+        (r.status, r.header(CACHE_STATUS_HEADER)),
+        (200, Some("HIT"))
+    );
+
+    let r = get(balancer, "/vod/movie.mp4");
+    assert_eq!(
+        (r.status, r.body.as_str()),
+        (200, "VOD-MOVIE"),
+        "/vod/ reaches cache-vod"
+    );
+    assert_eq!(r.header(CACHE_STATUS_HEADER), Some("MISS"));
+    assert_eq!(
+        get(balancer, "/vod/movie.mp4").header(CACHE_STATUS_HEADER),
+        Some("HIT")
+    );
+
+    // No default source: what no pathCondition matches is not found, without reaching a cache.
+    let r = get(balancer, "/other.txt");
+    assert_eq!(r.status, 404);
+    assert_eq!(r.header(CACHE_STATUS_HEADER), None);
+    // With a default source, it goes there.
+    let r = get("127.0.0.14:80", "/other.txt");
+    assert_eq!((r.status, r.body.as_str()), (200, "VOD-OTHER"));
+    // Routed paths still take their own source on the balancer with a default.
+    let r = get("127.0.0.14:80", "/live/seg1.ts");
+    assert_eq!((r.status, r.body.as_str()), (200, "LIVE-SEGMENT-1"));
+
+    // The probe endpoint answers on every instance and never reaches a source.
+    for addr in ["127.0.0.11:80", "127.0.0.12:80", balancer] {
+        let r = get(addr, "/healthz");
+        assert_eq!((r.status, r.body.as_str()), (200, "ok\n"));
+    }
+    // A balancer does not cache: the status it passes on is the cache's own.
+    let r = get("127.0.0.12:80", "/vod/movie.mp4");
+    assert_eq!(r.header(CACHE_STATUS_HEADER), Some("HIT"));
+    assert_eq!(
+        r.headers
+            .iter()
+            .filter(|(n, _)| n.eq_ignore_ascii_case(CACHE_STATUS_HEADER))
+            .count(),
+        1
+    );
+}
