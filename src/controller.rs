@@ -46,9 +46,12 @@ impl Scope {
     }
 }
 
+/// Annotation in which `kubectl apply` keeps a second copy of the whole object.
+const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
 /// A cached watch of `api`: the store, and the stream that fills it (to be polled by a
-/// controller). managedFields are dropped before caching: the operator never reads them and they
-/// are often the largest part of an object.
+/// controller). managedFields and kubectl's last-applied copy are dropped before caching: the
+/// operator never reads them and they are often the largest part of an object.
 pub fn cached<K>(
     api: Api<K>,
     config: watcher::Config,
@@ -65,6 +68,7 @@ where
         .default_backoff()
         .modify(|obj: &mut K| {
             obj.managed_fields_mut().clear();
+            obj.annotations_mut().remove(LAST_APPLIED);
         })
         .reflect(writer);
     (reader, stream)
