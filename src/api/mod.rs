@@ -15,7 +15,7 @@ use serde_json::json;
 
 /// Every CRD the operator serves, as installed: the single source of truth for all manifests.
 pub fn crds() -> Vec<CustomResourceDefinition> {
-    vec![cdncluster_crd(), At::crd()]
+    vec![cdncluster_crd(), at_crd()]
 }
 
 /// The CdnCluster CRD with root-level rules on `metadata.name`, which the derive cannot express:
@@ -44,6 +44,32 @@ fn cdncluster_crd() -> CustomResourceDefinition {
     }
     crd
 }
+
+/// The At CRD with a root-level rule on `metadata.name`: the pod carries the name as its `app`
+/// label, whose values have at most 63 characters. Refused at admission rather than failing at
+/// pod creation.
+fn at_crd() -> CustomResourceDefinition {
+    let mut crd = At::crd();
+    for version in &mut crd.spec.versions {
+        let Some(schema) = version
+            .schema
+            .as_mut()
+            .and_then(|s| s.open_api_v3_schema.as_mut())
+        else {
+            continue;
+        };
+        let rules = json!([{
+            "rule": format!("self.metadata.name.size() <= {AT_MAX_NAME_LEN}"),
+            "message": format!("metadata.name must be at most {AT_MAX_NAME_LEN} characters: the pod's label app: <name> must fit in 63"),
+        }]);
+        schema.x_kubernetes_validations =
+            Some(serde_json::from_value(rules).expect("static rules"));
+    }
+    crd
+}
+
+/// The longest name of an At.
+pub const AT_MAX_NAME_LEN: usize = 63;
 
 /// The CRDs as one multi-document YAML stream, as `cdn-operator crd` prints it.
 pub fn crds_yaml() -> String {
