@@ -1,5 +1,6 @@
 //! The one write path: server-side apply with a stable field manager, skipped when the observed
-//! object already holds what would be applied, so a steady state sends no write at all.
+//! object already holds what would be applied, so a steady state sends no write at all; and the
+//! release of a finalizer, which must never create anything.
 
 use kube::api::{Api, Patch, PatchParams};
 use kube::{Resource, ResourceExt};
@@ -64,6 +65,43 @@ where
         .patch_status(&object.name_any(), &params(), &Patch::Apply(&patch))
         .await?;
     Ok(Some(applied))
+}
+
+/// Removes `finalizer` from `object`, the one write that is not an apply: an apply creates the
+/// object when it is missing, so releasing a finalizer from a stale cached copy could bring an
+/// object back after it was deleted. This merge patch never creates, and carries the cached
+/// resourceVersion as a precondition (a conflict, retried, when the object changed since).
+/// Returns whether the object was still there.
+pub async fn remove_finalizer<K>(api: &Api<K>, object: &K, finalizer: &str) -> kube::Result<bool>
+where
+    K: Resource + Clone + DeserializeOwned + Debug,
+{
+    if !object.finalizers().iter().any(|f| f == finalizer) {
+        return Ok(true);
+    }
+    let kept: Vec<&String> = object
+        .finalizers()
+        .iter()
+        .filter(|f| *f != finalizer)
+        .collect();
+    let patch = json!({
+        "metadata": {
+            "resourceVersion": object.resource_version(),
+            "finalizers": kept,
+        }
+    });
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..PatchParams::default()
+    };
+    match api
+        .patch(&object.name_any(), &params, &Patch::Merge(&patch))
+        .await
+    {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(false),
+        Err(error) => Err(error),
+    }
 }
 
 /// A short, stable digest of a JSON value (serde_json writes map keys in order).

@@ -3,6 +3,7 @@
 
 pub mod api;
 pub mod apply;
+pub mod at;
 pub mod cdncluster;
 pub mod client;
 pub mod conditions;

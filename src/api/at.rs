@@ -5,8 +5,11 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+/// The longest name of an At: the pod carries it as its `app` label value.
+pub const AT_MAX_NAME_LEN: usize = 63;
+
 /// Runs `command` once, in a pod, when `schedule` is due.
-#[derive(CustomResource, Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[derive(CustomResource, Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[kube(
     group = "cnat.programming-kubernetes.info",
     version = "v1alpha1",
@@ -15,6 +18,7 @@ use serde::{Deserialize, Serialize};
     doc = "Runs a shell command once, in a pod, at a given time (UTC).",
     namespaced,
     status = "AtStatus",
+    derive = "Default",
     printcolumn = r#"{"name":"Schedule","type":"string","jsonPath":".spec.schedule","description":"when the command runs (UTC)"}"#,
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase","description":"PENDING, RUNNING or DONE"}"#,
     printcolumn = r#"{"name":"Outcome","type":"string","jsonPath":".status.outcome","description":"Succeeded or Failed"}"#,
@@ -59,11 +63,11 @@ pub struct AtStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod_name: Option<String>,
 
-    /// When the pod was created.
+    /// When the At started running (recorded just before its pod is created).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start_time: Option<Time>,
 
-    /// When the At became DONE.
+    /// When the command ended: the container's end, else the pod's deletion.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub completion_time: Option<Time>,
 
@@ -71,7 +75,8 @@ pub struct AtStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
 
-    /// Ready (DONE) and Scheduled conditions.
+    /// `Scheduled` (the schedule is a valid time) and `Ready` (True once DONE, whatever the
+    /// outcome).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,

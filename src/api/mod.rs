@@ -3,7 +3,7 @@
 pub mod at;
 pub mod cdncluster;
 
-pub use at::{At, AtSpec, AtStatus, Outcome, Phase};
+pub use at::{At, AtSpec, AtStatus, Outcome, Phase, AT_MAX_NAME_LEN};
 pub use cdncluster::{
     CacheSpec, CdnCluster, CdnClusterSpec, CdnClusterStatus, Origin, Role, ServiceOrigin, Source,
     State, MAX_NAME_LEN,
@@ -15,7 +15,7 @@ use serde_json::json;
 
 /// Every CRD the operator serves, as installed: the single source of truth for all manifests.
 pub fn crds() -> Vec<CustomResourceDefinition> {
-    let mut crds = vec![cdncluster_crd(), At::crd()];
+    let mut crds = vec![cdncluster_crd(), at_crd()];
     for crd in &mut crds {
         with_object_fields(crd);
     }
@@ -56,15 +56,9 @@ fn with_object_fields(crd: &mut CustomResourceDefinition) {
 /// the API server then refuses names the children could not carry.
 fn cdncluster_crd() -> CustomResourceDefinition {
     let mut crd = CdnCluster::crd();
-    for version in &mut crd.spec.versions {
-        let Some(schema) = version
-            .schema
-            .as_mut()
-            .and_then(|s| s.open_api_v3_schema.as_mut())
-        else {
-            continue;
-        };
-        let rules = json!([
+    with_root_rules(
+        &mut crd,
+        json!([
             {
                 "rule": format!("self.metadata.name.size() <= {MAX_NAME_LEN}"),
                 "message": format!("metadata.name must be at most {MAX_NAME_LEN} characters: the pod label <name>-deployment must fit in 63"),
@@ -73,11 +67,38 @@ fn cdncluster_crd() -> CustomResourceDefinition {
                 "rule": "self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",
                 "message": "metadata.name must be a DNS-1035 label (lowercase letters, digits and '-', starting with a letter): it also names the cluster's Service",
             }
-        ]);
-        schema.x_kubernetes_validations =
-            Some(serde_json::from_value(rules).expect("static rules"));
-    }
+        ]),
+    );
     crd
+}
+
+/// The At CRD with a root-level rule on `metadata.name`: the pod carries the name as its `app`
+/// label, whose values have at most 63 characters. Refused at admission rather than failing at
+/// pod creation.
+fn at_crd() -> CustomResourceDefinition {
+    let mut crd = At::crd();
+    with_root_rules(
+        &mut crd,
+        json!([{
+            "rule": format!("self.metadata.name.size() <= {AT_MAX_NAME_LEN}"),
+            "message": format!("metadata.name must be at most {AT_MAX_NAME_LEN} characters: the pod's label app: <name> must fit in 63"),
+        }]),
+    );
+    crd
+}
+
+/// Sets CEL rules on the root schema of every version, where they can see `metadata.name`.
+fn with_root_rules(crd: &mut CustomResourceDefinition, rules: serde_json::Value) {
+    for version in &mut crd.spec.versions {
+        if let Some(schema) = version
+            .schema
+            .as_mut()
+            .and_then(|s| s.open_api_v3_schema.as_mut())
+        {
+            schema.x_kubernetes_validations =
+                Some(serde_json::from_value(rules.clone()).expect("static rules"));
+        }
+    }
 }
 
 /// The CRDs as one multi-document YAML stream, as `cdn-operator crd` prints it.

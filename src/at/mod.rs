@@ -1,0 +1,267 @@
+//! The At controller: run a command once, in a pod, when its schedule is due.
+//!
+//! Exactly one pod per At, whatever happens (restarts, racing reconciles, a leader change):
+//!
+//! 1. When the At is due, its status becomes RUNNING with the pod's name *before* the pod is
+//!    created: the intent is recorded first.
+//! 2. The pod has a deterministic name (`<name>-pod`) and is created by server-side apply, so a
+//!    repeated creation is a no-op, and it carries the finalizer [`build::FINALIZER`], so it cannot
+//!    disappear without the operator seeing it. "RUNNING and no pod" can then only mean "not
+//!    created yet" (create it), and a pod with a deletionTimestamp that had not finished was
+//!    deleted (DONE/Failed, reason PodDeleted).
+//! 3. When the pod ended, the status becomes DONE, and only then is the finalizer released. A DONE
+//!    At is never run again, even when edited.
+//!
+//! Caches lag behind the operator's own writes (the pod's deletion can arrive before the At's DONE
+//! status). So every reconcile that would write anything first re-reads the At from the API
+//! server and plans again from that fresh copy: a stale RUNNING can neither create a pod after
+//! DONE nor overwrite DONE. A steady state writes nothing and reads nothing. The finalizer is
+//! released with a patch that cannot create the pod (an apply would bring a deleted pod back from
+//! a stale cache), and, for pods whose At is gone, by a small janitor controller: the At
+//! controller cannot reconcile an At that no longer exists.
+
+pub mod build;
+pub mod schedule;
+pub mod status;
+
+use crate::api::At;
+use crate::apply;
+use crate::controller::{self, Backoff, Error, Events, Leadership, Scope};
+use futures::StreamExt;
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::Api;
+use kube::runtime::controller::{Action, Config, Controller};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::{Client, ResourceExt};
+use status::{Notice, PodAction};
+use std::sync::Arc;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::UnboundedReceiverStream;
+
+/// The controller's name in metrics, logs and traces.
+pub const CONTROLLER: &str = "at";
+
+/// The time, injected so tests control it.
+pub trait Clock: Send + Sync {
+    fn now(&self) -> Timestamp;
+}
+
+/// The system's clock.
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now(&self) -> Timestamp {
+        Timestamp::now()
+    }
+}
+
+/// Caches and clients of the At controller and its janitor.
+pub struct Context {
+    pub client: Client,
+    pub events: Events,
+    pub leadership: Leadership,
+    pub ats: Store<At>,
+    /// The pods of Ats (selected by [`build::selector`]).
+    pub pods: Store<Pod>,
+    pub backoff: Backoff,
+    pub clock: Arc<dyn Clock>,
+}
+
+impl Context {
+    /// Waits until both caches have listed their objects once: a pod missing from a cache that
+    /// is not ready yet is not a pod that does not exist.
+    pub async fn wait_until_ready(&self) {
+        let _ = futures::join!(self.ats.wait_until_ready(), self.pods.wait_until_ready());
+    }
+
+    fn pod_of(&self, at: &At) -> Option<Arc<Pod>> {
+        let namespace = at.namespace().unwrap_or_default();
+        self.pods
+            .get(&ObjectRef::new(&build::pod_name(&at.name_any())).within(&namespace))
+    }
+}
+
+/// Builds the At controller, watching Ats and their pods, and the janitor that releases the
+/// finalizer of pods whose At is gone. Run both (see `run.rs`), with [`reconcile`] /
+/// [`error_policy`] and [`release_orphan`] / [`orphan_error_policy`], on the same context.
+pub fn controller(
+    client: Client,
+    scope: &Scope,
+    events: Events,
+    leadership: Leadership,
+    concurrency: u16,
+) -> (Arc<Context>, Controller<At>, Controller<Pod>) {
+    let (ats, at_events) =
+        controller::cached(scope.api::<At>(client.clone()), watcher::Config::default());
+    let (pods, pod_events) = controller::cached(
+        scope.api::<Pod>(client.clone()),
+        watcher::Config::default().labels(&build::selector()),
+    );
+
+    // The janitor looks at a pod when it is being deleted, and when its At is deleted: whichever
+    // of the two caches learns last, the janitor then sees both.
+    let (orphans_tx, orphans_rx) = mpsc::unbounded_channel::<ObjectRef<Pod>>();
+    let tx = orphans_tx.clone();
+    let at_stream = at_events.inspect(move |event| {
+        if let Ok(watcher::Event::Delete(at)) = event {
+            let namespace = at.namespace().unwrap_or_default();
+            let _ = tx.send(ObjectRef::new(&build::pod_name(&at.name_any())).within(&namespace));
+        }
+    });
+    let pod_stream = pod_events.inspect(move |event| {
+        if let Ok(watcher::Event::Apply(pod) | watcher::Event::InitApply(pod)) = event {
+            if pod.metadata.deletion_timestamp.is_some() && build::held(pod) {
+                let _ = orphans_tx.send(ObjectRef::from_obj(pod));
+            }
+        }
+    });
+
+    let config = Config::default().concurrency(concurrency);
+    let ats_controller = Controller::for_stream(at_stream.applied_objects(), ats.clone())
+        .watches_stream(pod_stream.touched_objects(), owners)
+        .reconcile_all_on(leadership.acquired())
+        .with_config(config.clone());
+    let janitor = Controller::for_stream(
+        futures::stream::empty::<Result<Pod, watcher::Error>>(),
+        pods.clone(),
+    )
+    .reconcile_on(UnboundedReceiverStream::new(orphans_rx))
+    .reconcile_all_on(leadership.acquired())
+    .with_config(config);
+
+    let context = Arc::new(Context {
+        client,
+        events,
+        leadership,
+        ats,
+        pods,
+        backoff: Backoff::default(),
+        clock: Arc::new(SystemClock),
+    });
+    (context, ats_controller, janitor)
+}
+
+/// The At a pod belongs to: by its instance label, and by its controller owner (they differ only
+/// if someone edited the pod; both are then reconciled).
+pub fn owners(pod: Pod) -> Vec<ObjectRef<At>> {
+    let Some(namespace) = pod.namespace() else {
+        return Vec::new();
+    };
+    let by_label = pod.labels().get(build::INSTANCE_LABEL).cloned();
+    let by_owner = pod
+        .owner_references()
+        .iter()
+        .find(|r| r.controller == Some(true) && r.kind == "At")
+        .map(|r| r.name.clone());
+    let mut names: Vec<String> = by_label.into_iter().chain(by_owner).collect();
+    names.dedup();
+    names
+        .iter()
+        .map(|name| ObjectRef::new(name).within(&namespace))
+        .collect()
+}
+
+/// Reconciles one At: plan from the caches; if the plan writes anything, plan again from a fresh
+/// read of the At; write the status, publish the Events, then act on the pod.
+pub async fn reconcile(at: Arc<At>, ctx: Arc<Context>) -> Result<Action, Error> {
+    if !ctx.leadership.is_leader() {
+        return Ok(Action::await_change());
+    }
+    ctx.wait_until_ready().await;
+    let namespace = at.namespace().unwrap_or_default();
+    let name = at.name_any();
+    let now = ctx.clock.now();
+    let api: Api<At> = Api::namespaced(ctx.client.clone(), &namespace);
+
+    let mut at = at;
+    let mut pod = ctx.pod_of(&at);
+    let mut plan = status::plan(&at, status::view(&at, pod.as_deref()), now);
+    if plan.writes(&at) {
+        // Never write from a cache that may lag behind our own last writes.
+        let Some(fresh) = api.get_opt(&name).await? else {
+            return Ok(Action::await_change());
+        };
+        at = Arc::new(fresh);
+        pod = ctx.pod_of(&at);
+        plan = status::plan(&at, status::view(&at, pod.as_deref()), now);
+    }
+
+    apply::apply_status(&api, at.as_ref(), at.status.as_ref(), &plan.status).await?;
+    // The Events tell the status transition just written: published before the pod action, so a
+    // failed (and retried) pod write does not lose them.
+    for Notice {
+        warning,
+        reason,
+        message,
+    } in plan.notices
+    {
+        ctx.events
+            .publish(at.as_ref(), warning, reason, message, "Reconcile", None)
+            .await;
+    }
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
+    match (plan.pod, pod) {
+        (PodAction::Create, _) => {
+            tracing::info!(%namespace, %name, "creating the pod");
+            apply::apply(&pods, build::pod(&at), None).await?;
+        }
+        (PodAction::Release, Some(pod)) => {
+            apply::remove_finalizer(&pods, pod.as_ref(), build::FINALIZER).await?;
+        }
+        _ => {}
+    }
+    ctx.backoff.succeeded(&controller::key(at.as_ref()));
+    Ok(plan.wake.map_or_else(Action::await_change, Action::requeue))
+}
+
+/// Retries a failed reconcile with exponential backoff per object.
+pub fn error_policy(at: Arc<At>, error: &Error, ctx: Arc<Context>) -> Action {
+    let key = controller::key(at.as_ref());
+    let delay = ctx.backoff.failed(&key);
+    tracing::warn!(%key, %error, retry_in = ?delay, "reconcile failed");
+    Action::requeue(delay)
+}
+
+/// The janitor: releases the finalizer of a pod being deleted whose At is gone (or is another At
+/// of the same name). While the At exists, its own reconcile decides.
+pub async fn release_orphan(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error> {
+    if !ctx.leadership.is_leader() {
+        return Ok(Action::await_change());
+    }
+    ctx.wait_until_ready().await;
+    if pod.metadata.deletion_timestamp.is_none() || !build::held(&pod) {
+        return Ok(Action::await_change());
+    }
+    let namespace = pod.namespace().unwrap_or_default();
+    let owned = pod
+        .owner_references()
+        .iter()
+        .filter(|r| r.controller == Some(true) && r.kind == "At")
+        .any(|r| {
+            ctx.ats
+                .get(&ObjectRef::new(&r.name).within(&namespace))
+                .is_some_and(|at| at.uid().as_deref() == Some(r.uid.as_str()))
+        });
+    if owned {
+        return Ok(Action::await_change());
+    }
+    tracing::info!(%namespace, pod = %pod.name_any(), "releasing the pod of a deleted At");
+    let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
+    apply::remove_finalizer(&api, pod.as_ref(), build::FINALIZER).await?;
+    ctx.backoff.succeeded(&orphan_key(&pod));
+    Ok(Action::await_change())
+}
+
+/// Retries a failed release with exponential backoff per pod.
+pub fn orphan_error_policy(pod: Arc<Pod>, error: &Error, ctx: Arc<Context>) -> Action {
+    let key = orphan_key(&pod);
+    let delay = ctx.backoff.failed(&key);
+    tracing::warn!(%key, %error, retry_in = ?delay, "releasing a pod failed");
+    Action::requeue(delay)
+}
+
+fn orphan_key(pod: &Pod) -> String {
+    format!("pod:{}", controller::key(pod))
+}

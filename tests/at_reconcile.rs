@@ -1,0 +1,858 @@
+//! The At controller's reconcile against the in-memory API server of kube-fake-client.
+//!
+//! The fake treats server-side apply as a JSON merge patch and deletes at once (it ignores
+//! finalizers), so a pod "being deleted" is set up as an initial object carrying a
+//! deletionTimestamp and the operator's finalizer. The caches the controller reads are filled by
+//! the tests from the fake (`sync`), or on purpose left stale.
+
+use cdn_operator::api::{At, AtSpec, Outcome, Phase};
+use cdn_operator::at::{self, build, status, Clock, Context};
+use cdn_operator::controller::{Backoff, Events, Leadership};
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::reflector::{self, store::Writer, ObjectRef};
+use kube::runtime::watcher;
+use kube::{Client, ResourceExt};
+use kube_fake_client::{interceptor, ClientBuilder};
+use serde_json::{json, Value};
+use std::sync::atomic::Ordering::SeqCst;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+const NS: &str = "default";
+const NOW: &str = "2030-01-01T00:00:00Z";
+const PAST: &str = "2019-04-12T10:12:00Z";
+
+struct TestClock(Mutex<Timestamp>);
+
+impl Clock for TestClock {
+    fn now(&self) -> Timestamp {
+        *self.0.lock().unwrap()
+    }
+}
+
+/// One request the fake received, as the interceptors saw it.
+#[derive(Clone, Debug)]
+struct Request {
+    verb: &'static str,
+    /// The object's kind when the request body tells it.
+    kind: String,
+    name: String,
+    /// An Event's reason.
+    reason: Option<String>,
+}
+
+impl Request {
+    fn is_event(&self) -> bool {
+        self.kind == "Event" || self.reason.is_some()
+    }
+    fn is_write(&self) -> bool {
+        self.verb != "get" && !self.is_event()
+    }
+}
+
+type Log = Arc<Mutex<Vec<Request>>>;
+
+/// How many of the next patches of a pod fail with a conflict.
+type Failures = Arc<std::sync::atomic::AtomicUsize>;
+
+fn field(value: &Value, path: &[&str]) -> String {
+    path.iter()
+        .try_fold(value, |v, k| v.get(k))
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string()
+}
+
+fn record(log: &Log, verb: &'static str, body: Option<&Value>, name: &str) {
+    let body = body.cloned().unwrap_or(Value::Null);
+    let kind = field(&body, &["kind"]);
+    let reason = (kind == "Event").then(|| field(&body, &["reason"]));
+    let name = if name.is_empty() {
+        field(&body, &["metadata", "name"])
+    } else {
+        name.to_string()
+    };
+    log.lock().unwrap().push(Request {
+        verb,
+        kind,
+        name,
+        reason,
+    });
+}
+
+fn interceptors(log: &Log, failures: &Failures) -> interceptor::Funcs {
+    let failures = failures.clone();
+    let (l1, l2, l3, l4, l5, l6, l7, l8) = (
+        log.clone(),
+        log.clone(),
+        log.clone(),
+        log.clone(),
+        log.clone(),
+        log.clone(),
+        log.clone(),
+        log.clone(),
+    );
+    interceptor::Funcs::new()
+        .create(move |c| {
+            record(&l1, "create", Some(c.object), "");
+            Ok(None)
+        })
+        .patch(move |c| {
+            record(&l2, "patch", Some(c.patch), c.name);
+            let failing = c.name.ends_with("-pod")
+                && failures
+                    .fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1))
+                    .is_ok();
+            if failing {
+                return Err(kube_fake_client::Error::Conflict("the pod changed".into()));
+            }
+            Ok(None)
+        })
+        .patch_status(move |c| {
+            record(&l3, "patch_status", Some(c.patch), c.name);
+            Ok(None)
+        })
+        .update(move |c| {
+            record(&l4, "update", Some(c.object), "");
+            Ok(None)
+        })
+        .replace(move |c| {
+            record(&l5, "replace", Some(c.object), c.name);
+            Ok(None)
+        })
+        .replace_status(move |c| {
+            record(&l6, "replace_status", Some(c.object), c.name);
+            Ok(None)
+        })
+        .delete(move |c| {
+            record(&l7, "delete", None, c.name);
+            Ok(None)
+        })
+        .get(move |c| {
+            record(&l8, "get", None, c.name);
+            Ok(None)
+        })
+}
+
+struct Harness {
+    client: Client,
+    ctx: Arc<Context>,
+    ats: Writer<At>,
+    pods: Writer<Pod>,
+    log: Log,
+    failures: Failures,
+    clock: Arc<TestClock>,
+}
+
+impl Harness {
+    /// A fake API server holding `objects`, the clock at `NOW`, caches synced.
+    async fn new(objects: Vec<Value>) -> Harness {
+        let log: Log = Arc::default();
+        let failures: Failures = Arc::default();
+        let client = ClientBuilder::new()
+            .with_resource::<At>()
+            .with_status_subresource::<At>()
+            .with_status_subresource::<Pod>()
+            .with_runtime_objects(objects)
+            .with_interceptor_funcs(interceptors(&log, &failures))
+            .build()
+            .await
+            .expect("a fake client");
+        let (at_store, ats) = reflector::store();
+        let (pod_store, pods) = reflector::store();
+        let clock = Arc::new(TestClock(Mutex::new(NOW.parse().unwrap())));
+        let ctx = Arc::new(Context {
+            client: client.clone(),
+            events: Events::new(client.clone(), None),
+            leadership: Leadership::always(),
+            ats: at_store,
+            pods: pod_store,
+            backoff: Backoff::default(),
+            clock: clock.clone(),
+        });
+        let mut harness = Harness {
+            client,
+            ctx,
+            ats,
+            pods,
+            log,
+            failures,
+            clock,
+        };
+        harness.sync().await;
+        harness
+    }
+
+    async fn with_at(name: &str, schedule: &str) -> Harness {
+        Harness::new(vec![at_value(name, schedule)]).await
+    }
+
+    fn at_api(&self) -> Api<At> {
+        Api::namespaced(self.client.clone(), NS)
+    }
+
+    fn pod_api(&self) -> Api<Pod> {
+        Api::namespaced(self.client.clone(), NS)
+    }
+
+    /// The caches catch up with the API server, as the watches eventually do.
+    async fn sync(&mut self) {
+        let ats = self
+            .at_api()
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items;
+        let selector = ListParams::default().labels(&build::selector());
+        let pods = self.pod_api().list(&selector).await.unwrap().items;
+        self.set_caches(ats, pods);
+    }
+
+    /// Sets what the caches show, stale or not.
+    fn set_caches(&mut self, ats: Vec<At>, pods: Vec<Pod>) {
+        fill(&mut self.ats, ats);
+        fill(&mut self.pods, pods);
+    }
+
+    fn cached(&self, name: &str) -> Arc<At> {
+        self.ctx
+            .ats
+            .get(&ObjectRef::new(name).within(NS))
+            .expect("the At is cached")
+    }
+
+    /// Reconciles `name` after the caches caught up.
+    async fn reconcile(&mut self, name: &str) -> Action {
+        self.sync().await;
+        self.reconcile_cached(name).await
+    }
+
+    /// Reconciles `name` from the caches as they are.
+    async fn reconcile_cached(&self, name: &str) -> Action {
+        at::reconcile(self.cached(name), self.ctx.clone())
+            .await
+            .expect("reconcile succeeds")
+    }
+
+    async fn at(&self, name: &str) -> At {
+        self.at_api().get(name).await.unwrap()
+    }
+
+    async fn pods(&self) -> Vec<Pod> {
+        self.pod_api()
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+    }
+
+    fn clear(&self) {
+        self.log.lock().unwrap().clear();
+    }
+
+    fn writes(&self) -> Vec<Request> {
+        self.log
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|r| r.is_write())
+            .cloned()
+            .collect()
+    }
+
+    fn reads(&self) -> usize {
+        self.log
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|r| r.verb == "get")
+            .count()
+    }
+
+    /// The reasons of the Events published (created or counted again in a series).
+    fn events(&self) -> Vec<String> {
+        self.log
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(|r| r.reason.clone())
+            .collect()
+    }
+
+    fn advance(&self, by: Duration) {
+        let mut now = self.clock.0.lock().unwrap();
+        *now += jiff::SignedDuration::try_from(by).unwrap();
+    }
+
+    /// Sets the pod's status, as the kubelet does.
+    async fn pod_status(&mut self, name: &str, status: Value) {
+        self.pod_api()
+            .patch_status(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({ "status": status })),
+            )
+            .await
+            .unwrap();
+        self.clear();
+    }
+
+    /// The same API server contents with `pod` being deleted (carrying a deletionTimestamp, held by
+    /// its finalizers), and a fresh operator.
+    async fn deleting(&self, pod: &str) -> Harness {
+        let mut objects = Vec::new();
+        for at in self
+            .at_api()
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+        {
+            objects.push(serde_json::to_value(at).unwrap());
+        }
+        for mut p in self.pods().await {
+            if p.name_any() == pod {
+                p.metadata.deletion_timestamp = Some(Time("2030-01-01T00:00:42Z".parse().unwrap()));
+            }
+            objects.push(serde_json::to_value(p).unwrap());
+        }
+        let harness = Harness::new(objects).await;
+        *harness.clock.0.lock().unwrap() = *self.clock.0.lock().unwrap();
+        harness
+    }
+}
+
+fn fill<K>(writer: &mut Writer<K>, objects: Vec<K>)
+where
+    K: kube::Resource + Clone,
+    K::DynamicType: Clone + Eq + std::hash::Hash + Default,
+{
+    writer.apply_watcher_event(&watcher::Event::Init);
+    for object in objects {
+        writer.apply_watcher_event(&watcher::Event::InitApply(object));
+    }
+    writer.apply_watcher_event(&watcher::Event::InitDone);
+}
+
+fn at_value(name: &str, schedule: &str) -> Value {
+    let mut at = At::new(
+        name,
+        AtSpec {
+            schedule: schedule.into(),
+            command: "echo YAY".into(),
+            image: None,
+        },
+    );
+    at.metadata.namespace = Some(NS.into());
+    serde_json::to_value(at).unwrap()
+}
+
+fn time(s: &str) -> Time {
+    Time(s.parse().unwrap())
+}
+
+fn finished(phase: &str, exit_code: i32) -> Value {
+    json!({
+        "phase": phase,
+        "containerStatuses": [{
+            "name": "busybox", "image": build::DEFAULT_IMAGE, "imageID": "", "ready": false,
+            "restartCount": 0,
+            "state": {"terminated": {"exitCode": exit_code, "finishedAt": "2030-01-01T00:00:09Z"}}
+        }]
+    })
+}
+
+fn ready_reason(at: &At) -> String {
+    let conditions = &at.status.as_ref().unwrap().conditions;
+    cdn_operator::conditions::find(conditions, status::READY)
+        .unwrap()
+        .reason
+        .clone()
+}
+
+/// Runs `name` (schedule in the past) to RUNNING with its pod created and the caches synced.
+async fn running(name: &str) -> Harness {
+    let mut h = Harness::with_at(name, PAST).await;
+    h.reconcile(name).await;
+    h.sync().await;
+    h.clear();
+    h
+}
+
+#[tokio::test]
+async fn a_past_schedule_runs_at_once_in_one_pod() {
+    let mut h = Harness::with_at("example-at", PAST).await;
+    let action = h.reconcile("example-at").await;
+    assert_eq!(action, Action::await_change());
+
+    let at = h.at("example-at").await;
+    let status = at.status.clone().unwrap();
+    assert_eq!(status.phase, Some(Phase::Running));
+    assert_eq!(status.pod_name.as_deref(), Some("example-at-pod"));
+    assert_eq!(status.start_time, Some(time(NOW)));
+    assert_eq!(status.observed_generation, at.metadata.generation);
+
+    let pods = h.pods().await;
+    assert_eq!(pods.len(), 1);
+    let pod = &pods[0];
+    assert_eq!(pod.name_any(), "example-at-pod");
+    assert_eq!(
+        pod.labels().get("app").map(String::as_str),
+        Some("example-at")
+    );
+    assert!(build::controlled_by(pod, at.metadata.uid.as_deref()));
+    assert!(build::held(pod));
+    let container = &pod.spec.as_ref().unwrap().containers[0];
+    assert_eq!(
+        container.command.as_deref(),
+        Some(&["/bin/sh".to_string(), "-c".into(), "echo YAY".into()][..])
+    );
+    assert_eq!(h.events(), ["Scheduled", "Started"]);
+
+    // The intent (status RUNNING) was written before the pod was created.
+    let order: Vec<_> = h
+        .writes()
+        .iter()
+        .map(|r| (r.verb, r.name.clone()))
+        .collect();
+    assert_eq!(
+        order,
+        [
+            ("patch_status", "example-at".to_string()),
+            ("patch", "example-at-pod".to_string())
+        ]
+    );
+
+    // Again and again: nothing more.
+    h.clear();
+    for _ in 0..3 {
+        assert_eq!(h.reconcile("example-at").await, Action::await_change());
+    }
+    assert_eq!(h.pods().await.len(), 1);
+    assert!(h.writes().is_empty(), "{:?}", h.writes());
+    assert!(h.events().is_empty());
+    assert_eq!(h.reads(), 0, "a steady state does not even read");
+}
+
+#[tokio::test]
+async fn the_seed_example_runs_at_once() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../shared/seed-examples/at-example.yaml"
+    );
+    let yaml = std::fs::read_to_string(path).expect("the seed examples beside the repository");
+    let mut seed: Value = serde_yaml::from_str(&yaml).unwrap();
+    seed["metadata"]["namespace"] = json!(NS);
+    let _: At = serde_json::from_value(seed.clone()).expect("the seed is a valid At");
+    let mut h = Harness::new(vec![seed]).await;
+    h.reconcile("example-at").await;
+    let at = h.at("example-at").await;
+    assert_eq!(at.status.unwrap().phase, Some(Phase::Running));
+    let pods = h.pods().await;
+    assert_eq!(pods.len(), 1);
+    assert_eq!(pods[0].name_any(), "example-at-pod");
+}
+
+#[tokio::test]
+async fn a_future_schedule_is_pending_and_wakes_exactly_when_due() {
+    let mut h = Harness::with_at("later", "2030-01-01T00:10:00Z").await;
+    let action = h.reconcile("later").await;
+    assert_eq!(action, Action::requeue(Duration::from_secs(600)));
+    let at = h.at("later").await;
+    assert_eq!(at.status.as_ref().unwrap().phase, Some(Phase::Pending));
+    assert_eq!(ready_reason(&at), status::PENDING);
+    assert!(h.pods().await.is_empty());
+    assert_eq!(h.events(), ["Scheduled"]);
+
+    // An offset: the same instant, written differently, wakes at the same time.
+    let mut other = Harness::with_at("later", "2030-01-01T01:10:00+01:00").await;
+    assert_eq!(
+        other.reconcile("later").await,
+        Action::requeue(Duration::from_secs(600))
+    );
+
+    // Woken early (another trigger): no write, a shorter sleep.
+    h.clear();
+    h.advance(Duration::from_millis(599_250));
+    assert_eq!(
+        h.reconcile("later").await,
+        Action::requeue(Duration::from_millis(750))
+    );
+    assert!(h.writes().is_empty());
+    assert_eq!(h.reads(), 0);
+
+    // Due.
+    h.advance(Duration::from_millis(750));
+    assert_eq!(h.reconcile("later").await, Action::await_change());
+    assert_eq!(
+        h.at("later").await.status.unwrap().phase,
+        Some(Phase::Running)
+    );
+    assert_eq!(h.pods().await.len(), 1);
+    assert_eq!(h.events(), ["Started"]);
+}
+
+#[tokio::test]
+async fn status_goes_through_the_status_subresource() {
+    let mut h = Harness::with_at("s", "2030-01-01T00:10:00Z").await;
+    h.reconcile("s").await;
+    let writes = h.writes();
+    assert_eq!(writes.len(), 1, "{writes:?}");
+    assert_eq!(
+        (writes[0].verb, writes[0].name.as_str()),
+        ("patch_status", "s")
+    );
+    let at = h.at("s").await;
+    assert_eq!(at.spec.schedule, "2030-01-01T00:10:00Z");
+    assert_eq!(at.metadata.generation, Some(1), "the spec was not written");
+}
+
+#[tokio::test]
+async fn a_pod_that_succeeded_makes_the_at_done_and_is_released() {
+    let mut h = running("ok").await;
+    h.pod_status("ok-pod", finished("Succeeded", 0)).await;
+    h.reconcile("ok").await;
+
+    let status = h.at("ok").await.status.unwrap();
+    assert_eq!(status.phase, Some(Phase::Done));
+    assert_eq!(status.outcome, Some(Outcome::Succeeded));
+    assert_eq!(status.exit_code, Some(0));
+    assert_eq!(status.completion_time, Some(time("2030-01-01T00:00:09Z")));
+    assert_eq!(h.events(), ["Succeeded"]);
+    // DONE first, then the finalizer released; the pod stays for its logs.
+    let order: Vec<_> = h.writes().iter().map(|r| r.verb).collect();
+    assert_eq!(order, ["patch_status", "patch"]);
+    let pods = h.pods().await;
+    assert_eq!(pods.len(), 1);
+    assert!(!build::held(&pods[0]));
+
+    h.clear();
+    h.reconcile("ok").await;
+    assert!(h.writes().is_empty(), "{:?}", h.writes());
+    assert!(h.events().is_empty());
+}
+
+#[tokio::test]
+async fn a_failed_release_keeps_its_event_and_is_retried_with_backoff() {
+    let mut h = running("retry").await;
+    h.pod_status("retry-pod", finished("Succeeded", 0)).await;
+    h.failures.store(1, SeqCst);
+    h.sync().await;
+    let error = at::reconcile(h.cached("retry"), h.ctx.clone())
+        .await
+        .unwrap_err();
+    assert_eq!(
+        at::error_policy(h.cached("retry"), &error, h.ctx.clone()),
+        Action::requeue(Duration::from_secs(1))
+    );
+    // DONE was written and told, the pod is still held.
+    assert_eq!(h.at("retry").await.status.unwrap().phase, Some(Phase::Done));
+    assert_eq!(h.events(), ["Succeeded"]);
+    assert!(build::held(&h.pods().await[0]));
+
+    h.clear();
+    assert_eq!(h.reconcile("retry").await, Action::await_change());
+    assert!(!build::held(&h.pods().await[0]));
+    assert!(h.events().is_empty(), "told once");
+    let writes: Vec<_> = h
+        .writes()
+        .iter()
+        .map(|w| (w.verb, w.name.clone()))
+        .collect();
+    assert_eq!(writes, [("patch", "retry-pod".to_string())]);
+}
+
+#[tokio::test]
+async fn a_pod_that_failed_makes_the_at_done_and_failed_with_the_exit_code() {
+    let mut h = running("ko").await;
+    h.pod_status("ko-pod", finished("Failed", 3)).await;
+    h.reconcile("ko").await;
+
+    let at = h.at("ko").await;
+    let status = at.status.clone().unwrap();
+    assert_eq!(status.phase, Some(Phase::Done));
+    assert_eq!(status.outcome, Some(Outcome::Failed));
+    assert_eq!(status.exit_code, Some(3));
+    assert_eq!(status.message.as_deref(), Some("The command exited 3"));
+    assert_eq!(ready_reason(&at), status::FAILED);
+    assert_eq!(h.events(), ["Failed"]);
+    assert_eq!(h.pods().await.len(), 1, "never restarted, never re-created");
+}
+
+#[tokio::test]
+async fn a_pod_deleted_while_running_makes_the_at_done_and_is_never_recreated() {
+    let before = running("gone").await;
+    let running_at = before.at("gone").await;
+    // Someone deletes the pod: its finalizer holds it, with a deletionTimestamp.
+    let mut h = before.deleting("gone-pod").await;
+    h.reconcile("gone").await;
+
+    let at = h.at("gone").await;
+    let status = at.status.clone().unwrap();
+    assert_eq!(status.phase, Some(Phase::Done));
+    assert_eq!(status.outcome, Some(Outcome::Failed));
+    assert_eq!(ready_reason(&at), status::POD_DELETED);
+    assert_eq!(
+        status.message.as_deref(),
+        Some("Pod gone-pod was deleted before the command finished")
+    );
+    assert_eq!(status.completion_time, Some(time("2030-01-01T00:00:42Z")));
+    assert_eq!(h.events(), ["PodDeleted"]);
+    // The finalizer released, the pod is gone.
+    assert!(h.pods().await.is_empty());
+
+    // The pod's deletion reaches the operator before its own DONE does: the At cache still says
+    // RUNNING and no pod. The fresh read prevents a second run.
+    h.clear();
+    h.set_caches(vec![running_at.clone()], vec![]);
+    h.reconcile_cached("gone").await;
+    assert!(h.pods().await.is_empty(), "no second pod");
+    assert!(h.writes().is_empty(), "{:?}", h.writes());
+
+    // And with everything caught up, still nothing.
+    for _ in 0..3 {
+        h.reconcile("gone").await;
+    }
+    assert!(h.pods().await.is_empty());
+    assert!(h.writes().is_empty(), "{:?}", h.writes());
+}
+
+#[tokio::test]
+async fn a_stale_held_pod_in_the_cache_is_not_brought_back() {
+    // DONE and released, but the pod cache still shows the deleted pod with the finalizer.
+    let before = running("stale").await;
+    let mut h = before.deleting("stale-pod").await;
+    let held_pod = h.pods().await.remove(0);
+    h.reconcile("stale").await;
+    assert!(h.pods().await.is_empty());
+
+    h.clear();
+    let done = h.at("stale").await;
+    h.set_caches(vec![done], vec![held_pod]);
+    // The release is a patch, which cannot create: the pod stays gone.
+    h.reconcile_cached("stale").await;
+    assert!(h.pods().await.is_empty());
+    assert!(
+        h.writes().iter().all(|w| w.kind != "Pod"),
+        "{:?}",
+        h.writes()
+    );
+}
+
+#[tokio::test]
+async fn a_reconcile_after_the_pod_was_created_but_before_its_status_still_gives_one_pod() {
+    // The pod exists (created by an earlier run of the operator) but the At has no status.
+    let mut seed = Harness::with_at("twice", PAST).await;
+    seed.reconcile("twice").await;
+    let pod = seed.pods().await.remove(0);
+    let mut at = seed.at("twice").await;
+    at.status = None;
+    let uid = pod.uid();
+
+    for pod_cached in [true, false] {
+        let mut h = Harness::new(vec![
+            serde_json::to_value(&at).unwrap(),
+            serde_json::to_value(&pod).unwrap(),
+        ])
+        .await;
+        if !pod_cached {
+            // And the pod cache has not seen it yet.
+            h.set_caches(vec![at.clone()], vec![]);
+        }
+        h.reconcile_cached("twice").await;
+        let pods = h.pods().await;
+        assert_eq!(pods.len(), 1);
+        assert_eq!(pods[0].uid(), uid, "the same pod");
+        assert_eq!(
+            h.at("twice").await.status.unwrap().phase,
+            Some(Phase::Running)
+        );
+        let pod_writes = h.writes().iter().filter(|w| w.name == "twice-pod").count();
+        assert_eq!(pod_writes, usize::from(!pod_cached), "{:?}", h.writes());
+    }
+}
+
+#[tokio::test]
+async fn racing_reconciles_create_one_pod() {
+    let h = Harness::with_at("race", PAST).await;
+    let (a, b) = futures::join!(
+        at::reconcile(h.cached("race"), h.ctx.clone()),
+        at::reconcile(h.cached("race"), h.ctx.clone())
+    );
+    // One of them may fail (and retry); neither creates a second pod.
+    assert!(a.is_ok() || b.is_ok());
+    let pods = h.pods().await;
+    assert_eq!(pods.len(), 1);
+    assert_eq!(
+        h.at("race").await.status.unwrap().phase,
+        Some(Phase::Running)
+    );
+}
+
+#[tokio::test]
+async fn a_bad_schedule_is_a_condition_and_one_event_then_waits_for_a_change() {
+    let mut h = Harness::with_at("bad", "next tuesday").await;
+    assert_eq!(h.reconcile("bad").await, Action::await_change());
+    let at = h.at("bad").await;
+    let status = at.status.clone().unwrap();
+    assert_eq!(status.phase, Some(Phase::Pending));
+    let scheduled = cdn_operator::conditions::find(&status.conditions, status::SCHEDULED).unwrap();
+    assert_eq!(scheduled.status, "False");
+    assert_eq!(scheduled.reason, "InvalidSchedule");
+    assert!(
+        scheduled.message.contains("\"next tuesday\""),
+        "{}",
+        scheduled.message
+    );
+    assert_eq!(h.events(), ["InvalidSchedule"]);
+    assert!(h.pods().await.is_empty());
+
+    h.clear();
+    for _ in 0..5 {
+        assert_eq!(h.reconcile("bad").await, Action::await_change());
+    }
+    assert!(h.events().is_empty(), "one Event, not one per reconcile");
+    assert!(h.writes().is_empty());
+
+    // Fixed by an edit: scheduled.
+    h.at_api()
+        .patch(
+            "bad",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"schedule": "2030-01-01T00:00:30Z"}})),
+        )
+        .await
+        .unwrap();
+    h.clear();
+    assert_eq!(
+        h.reconcile("bad").await,
+        Action::requeue(Duration::from_secs(30))
+    );
+    assert_eq!(h.events(), ["Scheduled"]);
+}
+
+#[tokio::test]
+async fn an_edited_done_at_is_not_rerun() {
+    let mut h = running("once").await;
+    h.pod_status("once-pod", finished("Succeeded", 0)).await;
+    h.reconcile("once").await;
+    h.pod_api()
+        .delete("once-pod", &Default::default())
+        .await
+        .unwrap();
+    h.at_api()
+        .patch(
+            "once",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"command": "echo AGAIN", "schedule": PAST}})),
+        )
+        .await
+        .unwrap();
+    h.clear();
+    h.reconcile("once").await;
+    assert!(h.pods().await.is_empty(), "not rerun");
+    let at = h.at("once").await;
+    let status = at.status.unwrap();
+    assert_eq!(status.phase, Some(Phase::Done));
+    assert_eq!(status.observed_generation, at.metadata.generation);
+    assert_eq!(h.events(), ["NotRerun"]);
+}
+
+#[tokio::test]
+async fn the_janitor_releases_the_pod_of_a_deleted_at_only() {
+    let before = running("orphan").await;
+    let h = before.deleting("orphan-pod").await;
+    let pod = Arc::new(h.pods().await.remove(0));
+
+    // The At still exists: its own reconcile decides.
+    at::release_orphan(pod.clone(), h.ctx.clone())
+        .await
+        .unwrap();
+    assert_eq!(h.pods().await.len(), 1);
+    assert!(h.writes().is_empty());
+
+    // The At was deleted: only its pod is left, being deleted, held by the finalizer.
+    let h = Harness::new(vec![serde_json::to_value(&*pod).unwrap()]).await;
+    at::release_orphan(pod, h.ctx.clone()).await.unwrap();
+    assert!(h.pods().await.is_empty(), "released, so deleted");
+}
+
+#[tokio::test]
+async fn a_pod_name_taken_by_another_pod_is_waited_for() {
+    // The pod of an earlier At of the same name, still there.
+    let mut old = Harness::with_at("reused", PAST).await;
+    old.reconcile("reused").await;
+    let mut stale_pod = old.pods().await.remove(0);
+    stale_pod.metadata.owner_references.as_mut().unwrap()[0].uid = "uid-of-an-older-at".into();
+    let at = serde_json::to_value(old.at("reused").await).unwrap();
+    let mut at: At = serde_json::from_value(at).unwrap();
+    at.status = None;
+
+    let mut h = Harness::new(vec![
+        serde_json::to_value(&at).unwrap(),
+        serde_json::to_value(&stale_pod).unwrap(),
+    ])
+    .await;
+    assert_eq!(h.reconcile("reused").await, Action::await_change());
+    let at = h.at("reused").await;
+    assert_eq!(at.status.as_ref().unwrap().phase, Some(Phase::Pending));
+    assert_eq!(ready_reason(&at), status::POD_NAME_TAKEN);
+    assert_eq!(h.pods().await[0].uid(), stale_pod.uid(), "left alone");
+
+    // Once it is gone, the At runs.
+    h.pod_api()
+        .delete("reused-pod", &Default::default())
+        .await
+        .unwrap();
+    h.reconcile("reused").await;
+    let pods = h.pods().await;
+    assert_eq!(pods.len(), 1);
+    assert!(build::controlled_by(&pods[0], at.metadata.uid.as_deref()));
+}
+
+#[test]
+fn a_pod_event_reconciles_its_at() {
+    let mut at: At = serde_json::from_value(at_value("x", PAST)).unwrap();
+    at.metadata.uid = Some("uid-x".into());
+    let pod = build::pod(&at);
+    assert_eq!(at::owners(pod.clone()), [ObjectRef::new("x").within(NS)]);
+    let mut unlabelled = pod;
+    unlabelled.metadata.labels = None;
+    assert_eq!(at::owners(unlabelled), [ObjectRef::new("x").within(NS)]);
+}
+
+#[test]
+fn the_at_crd_has_its_columns_status_subresource_and_name_rule() {
+    let crd = cdn_operator::api::crds()
+        .into_iter()
+        .find(|c| c.spec.names.kind == "At")
+        .expect("cdn-operator crd prints the At CRD");
+    assert_eq!(crd.spec.group, "cnat.programming-kubernetes.info");
+    assert_eq!(crd.spec.names.plural, "ats");
+    assert_eq!(crd.spec.scope, "Namespaced");
+    let version = &crd.spec.versions[0];
+    assert_eq!(version.name, "v1alpha1");
+    assert!(version.subresources.as_ref().unwrap().status.is_some());
+    let columns: Vec<String> = version
+        .additional_printer_columns
+        .iter()
+        .flatten()
+        .map(|c| c.name.to_uppercase())
+        .collect();
+    assert_eq!(columns, ["SCHEDULE", "PHASE", "OUTCOME", "AGE"]);
+    let schema = version
+        .schema
+        .as_ref()
+        .unwrap()
+        .open_api_v3_schema
+        .as_ref()
+        .unwrap();
+    let rules = schema.x_kubernetes_validations.as_ref().unwrap();
+    assert!(rules
+        .iter()
+        .any(|r| r.rule == "self.metadata.name.size() <= 63"));
+}
