@@ -2,7 +2,9 @@
 # Writes every shipped copy of the CRDs from their single source, `cdn-operator crd` (generated
 # from src/api/): one file per CRD, named <group>_<plural>.yaml as OLM bundles expect, into
 #   kustomize/base/crds/, helm/cdn-operator/files/crds/ and bundle/manifests/.
-# tests/shipped_artifacts.rs fails when any copy differs from the code; run this to fix it.
+# It also copies the Grafana dashboard and the PrometheusRule of kustomize/components/ into the
+# Helm chart's files/ (Helm cannot read outside its chart).
+# tests/shipped_artifacts.rs fails when any copy differs from its source; run this to fix it.
 # usage: scripts/sync-crds.sh [path/to/cdn-operator]   (default: cargo run)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -34,3 +36,7 @@ for dest in kustomize/base/crds helm/cdn-operator/files/crds bundle/manifests; d
   cp "$tmp"/*.yaml "$dest/"
 done
 ls "$tmp" | sed 's/^/synced /'
+mkdir -p helm/cdn-operator/files/dashboards
+cp kustomize/components/grafana-dashboards/cdn-operator.json helm/cdn-operator/files/dashboards/
+cp kustomize/components/prometheus/prometheus_rule.yaml helm/cdn-operator/files/
+echo "synced the dashboard and the PrometheusRule into helm/cdn-operator/files/"
