@@ -13,7 +13,8 @@
 # Which stage provides /cdn-operator: builder (compile here) or prebuilt (copy from the context).
 ARG BINARY_FROM=builder
 
-FROM docker.io/library/rust:1.89-bookworm AS builder
+# The toolchain CI builds and tests with.
+FROM docker.io/library/rust:1.95-bookworm AS builder
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 WORKDIR /src
 COPY Cargo.toml Cargo.lock ./

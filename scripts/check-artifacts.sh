@@ -111,7 +111,8 @@ else
   step "image: static release binary, buildah (vfs, chroot)"
   RUSTFLAGS='-C target-feature=+crt-static' cargo build --release --locked --target x86_64-unknown-linux-gnu
   bin=target/x86_64-unknown-linux-gnu/release/cdn-operator
-  if ldd "$bin" >/dev/null 2>&1; then echo "$bin is dynamically linked"; exit 1; fi
+  # ldd says "statically linked" (or "not a dynamic executable") for a static binary.
+  ldd "$bin" 2>&1 | grep -qE 'statically linked|not a dynamic executable' || { echo "$bin is dynamically linked"; exit 1; }
   env -i "$bin" version
   bah=(buildah --storage-driver vfs)
   tag=localhost/cdn-operator:check-$$

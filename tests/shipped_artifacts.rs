@@ -286,6 +286,11 @@ fn csv_deployment_is_the_kustomize_deployment_with_olm_namespaces() {
         .map(|i| str_at(i, "/image"))
         .collect();
     assert!(related.contains(&image.as_str()));
+    // Mirrors for disconnected clusters need the operands' default images too.
+    assert!(
+        related.contains(&cdn_operator::cdncluster::build::DEFAULT_IMAGE),
+        "relatedImages lacks the default nginx image"
+    );
 }
 
 /// The operator image kustomize/base deploys (its `images:` entry).
