@@ -117,10 +117,18 @@ else
   bah=(buildah --storage-driver vfs)
   tag=localhost/cdn-operator:check-$$
   "${bah[@]}" bud --isolation chroot --quiet --build-arg BINARY_FROM=prebuilt -t "$tag" . >/dev/null
-  config=$("${bah[@]}" inspect --type image --format '{{.OCIv1.Config.User}} {{json .OCIv1.Config.Entrypoint}}' "$tag")
+  config=$("${bah[@]}" inspect --type image --format '{{.OCIv1.Config.User}} {{.OCIv1.Config.Entrypoint}}' "$tag")
+  # The image holds the binary and nothing else (no shell), and the binary runs from it.
+  ctr=$("${bah[@]}" from "$tag")
+  rootfs=$("${bah[@]}" mount "$ctr")
+  files=$(cd "$rootfs" && find . -mindepth 1 | sort | tr '\n' ' ')
+  version=$(env -i "$rootfs/cdn-operator" version)
+  "${bah[@]}" umount "$ctr" >/dev/null
+  "${bah[@]}" rm "$ctr" >/dev/null
   "${bah[@]}" rmi "$tag" >/dev/null
-  [ "$config" = '65532:65532 ["/cdn-operator"]' ] || { echo "unexpected image config: $config"; exit 1; }
-  echo "ok image: user and entrypoint $config"
+  [ "$config" = '65532:65532 [/cdn-operator]' ] || { echo "unexpected image config: $config"; exit 1; }
+  [ "$files" = './cdn-operator ' ] || { echo "unexpected files in the image: $files"; exit 1; }
+  echo "ok image: user and entrypoint $config, only /cdn-operator, $version"
   btag=localhost/cdn-operator-bundle:check-$$
   "${bah[@]}" bud --isolation chroot --quiet -f bundle/bundle.Dockerfile -t "$btag" bundle >/dev/null
   "${bah[@]}" rmi "$btag" >/dev/null

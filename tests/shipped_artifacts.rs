@@ -215,7 +215,10 @@ fn rbac_is_exactly_what_the_operator_uses() {
     assert_eq!(lease_role["kind"], "Role");
     assert_eq!(grants(&lease_role["rules"]), expected_lease_grants());
 
-    for g in expected_cluster_grants().iter().chain(&expected_lease_grants()) {
+    for g in expected_cluster_grants()
+        .iter()
+        .chain(&expected_lease_grants())
+    {
         assert!(!g.0.contains('*') && !g.1.contains('*') && !g.3.contains('*'));
         assert_ne!(g.1, "secrets");
     }
@@ -297,18 +300,17 @@ fn csv_deployment_is_the_kustomize_deployment_with_olm_namespaces() {
 fn kustomize_image() -> String {
     let k = yaml("kustomize/base/kustomization.yaml");
     let image = &k["images"][0];
-    format!(
-        "{}:{}",
-        str_at(image, "/newName"),
-        str_at(image, "/newTag")
-    )
+    format!("{}:{}", str_at(image, "/newName"), str_at(image, "/newTag"))
 }
 
 #[test]
 fn versions_and_images_agree_across_installers() {
     let csv = csv();
     let version = str_at(&csv, "/spec/version").to_string();
-    assert_eq!(str_at(&csv, "/metadata/name"), format!("cdn-operator.v{version}"));
+    assert_eq!(
+        str_at(&csv, "/metadata/name"),
+        format!("cdn-operator.v{version}")
+    );
     assert_eq!(version, cdn_operator::VERSION, "CSV version is the crate's");
     let chart = yaml("helm/cdn-operator/Chart.yaml");
     assert_eq!(str_at(&chart, "/appVersion"), version);
@@ -317,7 +319,10 @@ fn versions_and_images_agree_across_installers() {
         format!("{}:{}", str_at(&values, "/image/repository"), version),
         kustomize_image()
     );
-    assert_eq!(kustomize_image(), format!("ghcr.io/anevia/cdn-operator:{version}"));
+    assert_eq!(
+        kustomize_image(),
+        format!("ghcr.io/anevia/cdn-operator:{version}")
+    );
 }
 
 /// The properties of the CRD schema at `path` (a dotted path under spec or status).
@@ -357,9 +362,9 @@ fn csv_owns_the_crds_with_descriptors_that_exist() {
         )
         .unwrap();
         for (descriptors, under) in [("specDescriptors", "spec"), ("statusDescriptors", "status")] {
-            let list = entry[descriptors].as_array().unwrap_or_else(|| {
-                panic!("{} has no {descriptors}", crd.spec.names.kind)
-            });
+            let list = entry[descriptors]
+                .as_array()
+                .unwrap_or_else(|| panic!("{} has no {descriptors}", crd.spec.names.kind));
             assert!(!list.is_empty());
             for d in list {
                 let path = str_at(d, "/path");
@@ -417,14 +422,18 @@ fn bundle_dockerfile_labels_are_the_bundle_annotations() {
 #[test]
 fn file_based_catalog_describes_the_bundle() {
     let docs = yaml_docs("olm/catalog/cdn-operator/catalog.yaml");
-    let of = |schema: &str| -> Vec<&Value> { docs.iter().filter(|d| d["schema"] == schema).collect() };
+    let of =
+        |schema: &str| -> Vec<&Value> { docs.iter().filter(|d| d["schema"] == schema).collect() };
     let packages = of("olm.package");
     assert_eq!(packages.len(), 1);
     let package = str_at(packages[0], "/name");
     let annotations = yaml("bundle/metadata/annotations.yaml");
     assert_eq!(
         package,
-        str_at(&annotations, "/annotations/operators.operatorframework.io.bundle.package.v1")
+        str_at(
+            &annotations,
+            "/annotations/operators.operatorframework.io.bundle.package.v1"
+        )
     );
     let bundles = of("olm.bundle");
     let bundle_names: BTreeSet<&str> = bundles.iter().map(|b| str_at(b, "/name")).collect();
@@ -436,12 +445,20 @@ fn file_based_catalog_describes_the_bundle() {
         let entries = channel["entries"].as_array().expect("entries");
         let in_channel: BTreeSet<&str> = entries.iter().map(|e| str_at(e, "/name")).collect();
         for e in entries {
-            assert!(bundle_names.contains(str_at(e, "/name")), "{e}: no such bundle");
+            assert!(
+                bundle_names.contains(str_at(e, "/name")),
+                "{e}: no such bundle"
+            );
             // Upgrade edges only point at entries of the same channel.
             if let Some(replaces) = e.get("replaces") {
                 assert!(in_channel.contains(replaces.as_str().unwrap()));
             }
-            for skipped in e.get("skips").and_then(Value::as_array).into_iter().flatten() {
+            for skipped in e
+                .get("skips")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+            {
                 assert!(in_channel.contains(skipped.as_str().unwrap()));
             }
         }
@@ -514,8 +531,19 @@ fn file_based_catalog_describes_the_bundle() {
 // ----- metrics used by the dashboard and the alerts -------------------------------------------
 
 const PROMQL_WORDS: &[&str] = &[
-    "by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and", "or", "unless",
-    "offset", "inf", "nan",
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+    "bool",
+    "and",
+    "or",
+    "unless",
+    "offset",
+    "inf",
+    "nan",
 ];
 
 /// Removes every `open … close` span (non-nested: label matchers, ranges, string literals).
@@ -543,9 +571,13 @@ fn metric_names(expr: &str) -> BTreeSet<String> {
     // Grouping clauses name labels: `by (a, b)`, `without (a)`, `on (…)`, `ignoring (…)`.
     let mut cleaned = String::new();
     let mut rest = no_matchers.as_str();
-    while let Some((word_end, paren)) = find_grouping(rest) {
-        cleaned.push_str(&rest[..word_end]);
-        let close = rest[paren..].find(')').map(|i| paren + i + 1).unwrap_or(rest.len());
+    while let Some((word_start, paren)) = find_grouping(rest) {
+        // Drop the keyword with its labels, so that `sum by (l) (x)` reads `sum (x)`.
+        cleaned.push_str(&rest[..word_start]);
+        let close = rest[paren..]
+            .find(')')
+            .map(|i| paren + i + 1)
+            .unwrap_or(rest.len());
         rest = &rest[close..];
     }
     cleaned.push_str(rest);
@@ -556,14 +588,19 @@ fn metric_names(expr: &str) -> BTreeSet<String> {
         let c = chars[i];
         if c.is_ascii_alphabetic() || c == '_' || c == ':' {
             let start = i;
-            while i < chars.len() && (chars[i].is_ascii_alphanumeric() || chars[i] == '_' || chars[i] == ':') {
+            while i < chars.len()
+                && (chars[i].is_ascii_alphanumeric() || chars[i] == '_' || chars[i] == ':')
+            {
                 i += 1;
             }
             let word: String = chars[start..i].iter().collect();
             let preceded_by_digit = start > 0 && chars[start - 1].is_ascii_digit();
             let next = chars[i..].iter().find(|c| !c.is_whitespace());
             let is_function = next == Some(&'(');
-            if !is_function && !preceded_by_digit && !PROMQL_WORDS.contains(&word.to_lowercase().as_str()) {
+            if !is_function
+                && !preceded_by_digit
+                && !PROMQL_WORDS.contains(&word.to_lowercase().as_str())
+            {
                 names.insert(word);
             }
         } else if c.is_ascii_digit() {
@@ -577,10 +614,17 @@ fn metric_names(expr: &str) -> BTreeSet<String> {
     names
 }
 
-/// The end of a grouping keyword and the position of its `(`, if `rest` has one.
+/// The start of the first grouping keyword and the position of its `(`, if `rest` has one.
 fn find_grouping(rest: &str) -> Option<(usize, usize)> {
     let mut best: Option<(usize, usize)> = None;
-    for word in ["by", "without", "on", "ignoring", "group_left", "group_right"] {
+    for word in [
+        "by",
+        "without",
+        "on",
+        "ignoring",
+        "group_left",
+        "group_right",
+    ] {
         let mut from = 0;
         while let Some(pos) = rest[from..].find(word) {
             let start = from + pos;
@@ -593,8 +637,8 @@ fn find_grouping(rest: &str) -> Option<(usize, usize)> {
             let after = rest[end..].trim_start();
             if before_ok && after.starts_with('(') {
                 let paren = rest.len() - after.len();
-                if best.is_none_or(|(b, _)| end < b) {
-                    best = Some((end, paren));
+                if best.is_none_or(|(b, _)| start < b) {
+                    best = Some((start, paren));
                 }
                 break;
             }
@@ -632,7 +676,11 @@ fn dashboard_exprs(path: &str) -> Vec<String> {
             exprs.push(str_at(target, "/expr").to_string());
         }
     }
-    for var in dashboard["templating"]["list"].as_array().into_iter().flatten() {
+    for var in dashboard["templating"]["list"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
         if let Some(q) = var.pointer("/query/query").and_then(Value::as_str) {
             // label_values(metric{…}, label): the metric is what the dashboard needs.
             let inner = q
@@ -663,14 +711,16 @@ fn dashboard_and_alerts_only_use_exported_metrics() {
     // Prometheus writes `up` for every scrape target; the operator does not export it.
     let synthesized = BTreeSet::from(["up".to_string()]);
     let mut used = BTreeSet::new();
-    let exprs: Vec<(String, String)> = dashboard_exprs(
-        "kustomize/components/grafana-dashboards/cdn-operator.json",
-    )
-    .into_iter()
-    .map(|e| ("dashboard".to_string(), e))
-    .chain(alert_exprs().into_iter().map(|e| ("alerts".to_string(), e)))
-    .collect();
-    assert!(exprs.len() > 10, "the dashboard and the alerts have queries");
+    let exprs: Vec<(String, String)> =
+        dashboard_exprs("kustomize/components/grafana-dashboards/cdn-operator.json")
+            .into_iter()
+            .map(|e| ("dashboard".to_string(), e))
+            .chain(alert_exprs().into_iter().map(|e| ("alerts".to_string(), e)))
+            .collect();
+    assert!(
+        exprs.len() > 10,
+        "the dashboard and the alerts have queries"
+    );
     for (source, expr) in &exprs {
         let names = metric_names(expr);
         assert!(!names.is_empty(), "{source}: no metric in {expr}");
@@ -706,7 +756,10 @@ fn matcher_values(expr: &str, label: &str) -> Vec<String> {
     while let Some(pos) = rest.find(&needle) {
         let before = rest[..pos].chars().next_back();
         let start = pos + needle.len();
-        let end = rest[start..].find('"').map(|i| start + i).unwrap_or(rest.len());
+        let end = rest[start..]
+            .find('"')
+            .map(|i| start + i)
+            .unwrap_or(rest.len());
         if !before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_') {
             out.push(rest[start..end].to_string());
         }
@@ -720,9 +773,9 @@ fn state_and_phase_matchers_name_real_values() {
     let states: Vec<&str> = State::ALL.iter().map(|s| s.as_str()).collect();
     let phases: Vec<&str> = Phase::ALL.iter().map(|p| p.as_str()).collect();
     let mut checked = 0;
-    let exprs = alert_exprs()
-        .into_iter()
-        .chain(dashboard_exprs("kustomize/components/grafana-dashboards/cdn-operator.json"));
+    let exprs = alert_exprs().into_iter().chain(dashboard_exprs(
+        "kustomize/components/grafana-dashboards/cdn-operator.json",
+    ));
     for expr in exprs {
         for v in matcher_values(&expr, "state") {
             assert!(states.contains(&v.as_str()), "unknown state {v} in {expr}");
@@ -733,7 +786,10 @@ fn state_and_phase_matchers_name_real_values() {
             checked += 1;
         }
         for v in matcher_values(&expr, "outcome") {
-            assert!(["Succeeded", "Failed", ""].contains(&v.as_str()), "unknown outcome {v}");
+            assert!(
+                ["Succeeded", "Failed", ""].contains(&v.as_str()),
+                "unknown outcome {v}"
+            );
             checked += 1;
         }
     }
@@ -753,7 +809,10 @@ fn every_alert_has_a_runbook_section() {
         for r in group["rules"].as_array().unwrap() {
             let alert = str_at(r, "/alert");
             alerts += 1;
-            assert!(headings.contains(alert), "docs/runbooks.md has no section {alert}");
+            assert!(
+                headings.contains(alert),
+                "docs/runbooks.md has no section {alert}"
+            );
             let url = str_at(r, "/annotations/runbook_url");
             assert!(
                 url.ends_with(&format!("docs/runbooks.md#{}", alert.to_lowercase())),
