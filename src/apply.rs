@@ -148,11 +148,7 @@ fn quantity(s: &str) -> Option<f64> {
         .find_map(|(suffix, f)| s.strip_suffix(suffix).map(|n| (n, *f)))
         .unwrap_or((s, 1.0));
     // Only plain decimals: this must never call two different words equal.
-    if number.is_empty()
-        || !number
-            .chars()
-            .all(|c| c.is_ascii_digit() || c == '.' || c == '-' || c == '+')
-    {
+    if number.is_empty() || !number.chars().all(|c| c.is_ascii_digit() || c == '.' || c == '-' || c == '+') {
         return None;
     }
     number.parse::<f64>().ok().map(|n| n * factor)
@@ -166,8 +162,7 @@ mod tests {
     fn server_defaults_and_foreign_fields_do_not_count() {
         let observed = json!({"metadata": {"name": "a", "uid": "1", "labels": {"x": "1", "y": "2"}},
             "spec": {"replicas": 1, "revisionHistoryLimit": 10}});
-        let desired =
-            json!({"metadata": {"name": "a", "labels": {"x": "1"}}, "spec": {"replicas": 1}});
+        let desired = json!({"metadata": {"name": "a", "labels": {"x": "1"}}, "spec": {"replicas": 1}});
         assert!(contains(&observed, &desired));
     }
 
@@ -184,18 +179,9 @@ mod tests {
         let observed = json!({"containers": [
             {"name": "sidecar", "image": "s"},
             {"name": "nginx", "image": "n", "terminationMessagePath": "/dev/termination-log"}]});
-        assert!(contains(
-            &observed,
-            &json!({"containers": [{"name": "nginx", "image": "n"}]})
-        ));
-        assert!(!contains(
-            &observed,
-            &json!({"containers": [{"name": "nginx", "image": "m"}]})
-        ));
-        assert!(!contains(
-            &observed,
-            &json!({"containers": [{"name": "other", "image": "n"}]})
-        ));
+        assert!(contains(&observed, &json!({"containers": [{"name": "nginx", "image": "n"}]})));
+        assert!(!contains(&observed, &json!({"containers": [{"name": "nginx", "image": "m"}]})));
+        assert!(!contains(&observed, &json!({"containers": [{"name": "other", "image": "n"}]})));
     }
 
     #[test]
@@ -209,27 +195,15 @@ mod tests {
     #[test]
     fn quantities_compare_by_value() {
         assert!(contains(&json!({"cpu": "500m"}), &json!({"cpu": "0.5"})));
-        assert!(contains(
-            &json!({"memory": "1Gi"}),
-            &json!({"memory": "1024Mi"})
-        ));
-        assert!(!contains(
-            &json!({"memory": "1Gi"}),
-            &json!({"memory": "1G"})
-        ));
+        assert!(contains(&json!({"memory": "1Gi"}), &json!({"memory": "1024Mi"})));
+        assert!(!contains(&json!({"memory": "1Gi"}), &json!({"memory": "1G"})));
         assert!(!contains(&json!({"name": "m"}), &json!({"name": "n"})));
         assert!(!contains(&json!({"name": "1m"}), &json!({"name": "1M"})));
     }
 
     #[test]
     fn empty_desired_collections_match_absent_ones() {
-        assert!(contains(
-            &json!({"metadata": {}}),
-            &json!({"metadata": {"annotations": {}}})
-        ));
-        assert!(!contains(
-            &json!({"sources": ["a"]}),
-            &json!({"sources": []})
-        ));
+        assert!(contains(&json!({"metadata": {}}), &json!({"metadata": {"annotations": {}}})));
+        assert!(!contains(&json!({"sources": ["a"]}), &json!({"sources": []})));
     }
 }

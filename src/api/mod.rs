@@ -40,8 +40,7 @@ fn cdncluster_crd() -> CustomResourceDefinition {
                 "message": "metadata.name must be a DNS-1035 label (lowercase letters, digits and '-', starting with a letter): it also names the cluster's Service",
             }
         ]);
-        schema.x_kubernetes_validations =
-            Some(serde_json::from_value(rules).expect("static rules"));
+        schema.x_kubernetes_validations = Some(serde_json::from_value(rules).expect("static rules"));
     }
     crd
 }

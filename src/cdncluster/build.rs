@@ -147,10 +147,7 @@ fn default_resources() -> ResourceRequirements {
             ("cpu".into(), Quantity("50m".into())),
             ("memory".into(), Quantity("64Mi".into())),
         ])),
-        limits: Some(BTreeMap::from([(
-            "memory".into(),
-            Quantity("256Mi".into()),
-        )])),
+        limits: Some(BTreeMap::from([("memory".into(), Quantity("256Mi".into()))])),
         ..ResourceRequirements::default()
     }
 }

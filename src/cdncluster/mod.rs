@@ -65,10 +65,8 @@ pub fn controller(
     concurrency: u16,
 ) -> (Arc<Context>, Controller<CdnCluster>) {
     let children = watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}"));
-    let (clusters, cluster_events) = controller::cached(
-        scope.api::<CdnCluster>(client.clone()),
-        watcher::Config::default(),
-    );
+    let (clusters, cluster_events) =
+        controller::cached(scope.api::<CdnCluster>(client.clone()), watcher::Config::default());
     let (deployments, deployment_events) =
         controller::cached(scope.api::<Deployment>(client.clone()), children.clone());
     let (config_maps, config_map_events) =
@@ -191,9 +189,7 @@ async fn apply_children(
     apply_child(ctx, namespace, &ctx.services, service, notices).await?;
 
     let name = deployment.name_any();
-    let observed = ctx
-        .deployments
-        .get(&ObjectRef::new(&name).within(namespace));
+    let observed = ctx.deployments.get(&ObjectRef::new(&name).within(namespace));
     let applied = apply_child(ctx, namespace, &ctx.deployments, deployment, notices).await?;
     if observed.is_none() && applied.is_some() {
         notices.push(Notice {

@@ -47,7 +47,9 @@ where
             )));
         }
         if source.origin.is_none() && source.name == name {
-            return Err(Problem::Invalid(format!("{name} lists itself as a source")));
+            return Err(Problem::Invalid(format!(
+                "{name} lists itself as a source"
+            )));
         }
         match &source.path_condition {
             Some(regex) => check_regex(regex).map_err(|e| {
@@ -224,11 +226,7 @@ fn parse_origin_url(raw: &str) -> Result<OriginUrl, String> {
     let scheme = match url.scheme() {
         "http" => "http",
         "https" => "https",
-        other => {
-            return Err(format!(
-                "has scheme {other:?}: only http and https are served"
-            ))
-        }
+        other => return Err(format!("has scheme {other:?}: only http and https are served")),
     };
     let host = url.host_str().ok_or("has no host")?.to_string();
     if !url.username().is_empty() || url.password().is_some() {

@@ -33,15 +33,7 @@ pub fn desired(cluster: &CdnCluster, observed: Observed<'_>, now: &Time) -> CdnC
         ..CdnClusterStatus::default()
     };
     let mut set = |type_: &str, s: ConditionStatus, reason: &str, message: String| {
-        set_condition(
-            &mut status.conditions,
-            type_,
-            s,
-            reason,
-            message,
-            generation,
-            now,
-        )
+        set_condition(&mut status.conditions, type_, s, reason, message, generation, now)
     };
     use ConditionStatus::{False, True};
     let state = match observed {
@@ -50,12 +42,7 @@ pub fn desired(cluster: &CdnCluster, observed: Observed<'_>, now: &Time) -> CdnC
             set(SOURCES_READY, False, "SourceNotFound", message.clone());
             set(READY, False, "WaitingSource", message.clone());
             set(RECONCILING, True, "WaitingSource", message);
-            set(
-                STALLED,
-                False,
-                "WaitingSource",
-                "Waiting for sources, not stalled".into(),
-            );
+            set(STALLED, False, "WaitingSource", "Waiting for sources, not stalled".into());
             State::WaitingSource
         }
         Observed::Problem(Problem::Invalid(message)) => {
@@ -70,12 +57,7 @@ pub fn desired(cluster: &CdnCluster, observed: Observed<'_>, now: &Time) -> CdnC
             status.replicas = Some(replicas);
             status.ready_replicas = Some(ready);
             status.ready = Some(format!("{ready}/{replicas}"));
-            set(
-                SOURCES_READY,
-                True,
-                "SourcesFound",
-                "Every source exists".into(),
-            );
+            set(SOURCES_READY, True, "SourcesFound", "Every source exists".into());
             set(STALLED, False, "Deployed", "Children are applied".into());
             if rolled_out(deployment, replicas) {
                 let message = format!("{ready}/{replicas} replicas are ready");
@@ -137,9 +119,7 @@ pub fn notices(cluster: &CdnCluster, next: &CdnClusterStatus) -> Vec<Notice> {
     match next.state {
         Some(State::WaitingSource) => {
             let msg = after(SOURCES_READY).map(|c| c.message.clone());
-            if before(SOURCES_READY).map(|c| c.message.clone()) != msg
-                || previous.state != next.state
-            {
+            if before(SOURCES_READY).map(|c| c.message.clone()) != msg || previous.state != next.state {
                 out.push(Notice {
                     warning: false,
                     reason: "SourceNotFound",
