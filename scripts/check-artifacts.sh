@@ -56,6 +56,17 @@ for v in "${variants[@]}"; do
   kubernetes-validate --strict --quiet "$work/helm-$name.yaml"
   echo "ok helm $name ($(grep -c '^kind:' "$work/helm-$name.yaml") objects)"
 done
+# helm template skips NOTES.txt: render its named template through a copy of the chart.
+cp -r "$chart" "$work/notes-chart"
+printf 'notes: {{ include "cdn-operator.notes" . | quote }}\n' >"$work/notes-chart/templates/notes-check.yaml"
+for v in "${variants[@]}"; do
+  # shellcheck disable=SC2086
+  set -- ${v#*:}
+  helm template cdn-operator "$work/notes-chart" --namespace cdn-operator "$@" \
+    --show-only templates/notes-check.yaml >"$work/notes.yaml"
+  grep -q 'is installed in namespace cdn-operator' "$work/notes.yaml" || { cat "$work/notes.yaml"; exit 1; }
+done
+echo "ok NOTES.txt renders"
 if helm lint "$chart" -f tests/helm/values-invalid.yaml >/dev/null 2>&1; then
   echo "values.schema.json accepted tests/helm/values-invalid.yaml"; exit 1
 fi

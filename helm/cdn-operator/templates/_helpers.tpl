@@ -38,3 +38,49 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
 {{- end -}}
 {{- end -}}
+
+{{/* The release notes (NOTES.txt); a named template so that scripts/check-artifacts.sh can render
+them with `helm template`, which skips NOTES.txt. */}}
+{{- define "cdn-operator.notes" -}}
+cdn-operator {{ .Chart.AppVersion }} is installed in namespace {{ .Release.Namespace }}
+{{- if .Values.singleNamespace.enabled }}, managing namespace {{ include "cdn-operator.watchNamespace" . }} only (Role).
+{{- else }}, managing every namespace (ClusterRole).
+{{- end }}
+
+Check that the operator is ready:
+  kubectl -n {{ .Release.Namespace }} get deployment {{ include "cdn-operator.fullname" . }}
+{{- if .Values.leaderElection.enabled }}
+  kubectl -n {{ .Release.Namespace }} get lease {{ .Values.leaderElection.id }}   # the leader replica
+{{- end }}
+
+Create a CdnCluster and see it deployed:
+  kubectl apply -n {{ include "cdn-operator.watchNamespace" . }} -f - <<'YAML'
+  apiVersion: cluster.anevia.com/v1
+  kind: CdnCluster
+  metadata: {name: cache-live}
+  spec: {role: cache, sources: []}
+  YAML
+  kubectl -n {{ include "cdn-operator.watchNamespace" . }} get cdn,at
+{{- if .Values.crds.install }}
+
+{{ if .Values.crds.keep -}}
+The CRDs stay on `helm uninstall` (helm.sh/resource-policy: keep), and with them every CdnCluster
+and At. To remove those too: kubectl delete crd cdnclusters.cluster.anevia.com ats.cnat.programming-kubernetes.info
+{{- else -}}
+The CRDs are deleted on `helm uninstall`, and with them every CdnCluster and At of the cluster.
+{{- end }}
+{{- end }}
+{{- if or .Values.metrics.serviceMonitor.enabled .Values.prometheusRule.enabled .Values.dashboards.enabled }}
+
+Monitoring:
+{{- if .Values.metrics.serviceMonitor.enabled }}
+  - ServiceMonitor {{ include "cdn-operator.fullname" . }} (job="cdn-operator")
+{{- end }}
+{{- if .Values.prometheusRule.enabled }}
+  - PrometheusRule {{ include "cdn-operator.fullname" . }}; runbooks: https://github.com/anevia/cdn-operator/blob/main/docs/runbooks.md
+{{- end }}
+{{- if .Values.dashboards.enabled }}
+  - Grafana dashboard ConfigMap {{ include "cdn-operator.fullname" . }}-dashboard in {{ default .Release.Namespace .Values.dashboards.namespace }}
+{{- end }}
+{{- end }}
+{{- end -}}
