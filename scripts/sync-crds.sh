@@ -35,7 +35,7 @@ for dest in kustomize/base/crds helm/cdn-operator/files/crds bundle/manifests; d
   find "$dest" -maxdepth 1 -name '*_*.yaml' ! -name '*clusterserviceversion*' -delete
   cp "$tmp"/*.yaml "$dest/"
 done
-ls "$tmp" | sed 's/^/synced /'
+for f in "$tmp"/*.yaml; do echo "synced ${f##*/}"; done
 mkdir -p helm/cdn-operator/files/dashboards
 cp kustomize/components/grafana-dashboards/cdn-operator.json helm/cdn-operator/files/dashboards/
 cp kustomize/components/prometheus/prometheus_rule.yaml helm/cdn-operator/files/
