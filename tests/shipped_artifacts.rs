@@ -190,6 +190,8 @@ fn expected_cluster_grants() -> BTreeSet<Grant> {
             g.insert(grant(group, resource, "", verb));
         }
     }
+    // src/at/mod.rs reads the At fresh before writing its status.
+    g.insert(grant("cnat.programming-kubernetes.info", "ats", "", "get"));
     g.insert(grant("events.k8s.io", "events", "", "create"));
     g.insert(grant("events.k8s.io", "events", "", "patch"));
     g
@@ -198,8 +200,8 @@ fn expected_cluster_grants() -> BTreeSet<Grant> {
 fn expected_lease_grants() -> BTreeSet<Grant> {
     [
         grant("coordination.k8s.io", "leases", "", "create"),
-        grant("coordination.k8s.io", "leases", "cdn-operator", "get"),
-        grant("coordination.k8s.io", "leases", "cdn-operator", "patch"),
+        grant("coordination.k8s.io", "leases", "cdn-operator-leader", "get"),
+        grant("coordination.k8s.io", "leases", "cdn-operator-leader", "patch"),
     ]
     .into()
 }
@@ -230,7 +232,7 @@ fn rbac_is_exactly_what_the_operator_uses() {
     assert!(args
         .as_array()
         .unwrap()
-        .contains(&json!("--leader-election-id=cdn-operator")));
+        .contains(&json!("--leader-election-id=cdn-operator-leader")));
 }
 
 fn csv() -> Value {
