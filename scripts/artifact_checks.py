@@ -7,6 +7,7 @@
   same-rbac KUSTOMIZE.yaml HELM.yaml           the rendered Helm chart grants exactly the kustomize RBAC
   no-cluster-rbac RENDERED.yaml                single-namespace output holds no ClusterRole(Binding)
   crd-for-objects CRD.yaml OUT                 the CRD with the root fields every object has
+  all-in-namespace NS RENDERED.yaml            every namespaced object and RBAC subject is in NS
 """
 import json
 import sys
@@ -99,11 +100,26 @@ def crd_for_objects(src, out):
         yaml.safe_dump(crd, f, sort_keys=False)
 
 
+def all_in_namespace(ns, path):
+    cluster_scoped = {"Namespace", "CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding"}
+    bad = []
+    for o in docs(path):
+        name = f"{o['kind']}/{o['metadata']['name']}"
+        if o["kind"] not in cluster_scoped and o["metadata"].get("namespace") != ns:
+            bad.append(f"{name} in {o['metadata'].get('namespace')}")
+        for subject in o.get("subjects", []):
+            if subject.get("kind") == "ServiceAccount" and subject.get("namespace") != ns:
+                bad.append(f"{name} binds {subject}")
+    if bad:
+        sys.exit(f"{path}: not everything is in {ns}: {bad}")
+    print(f"everything in namespace {ns}")
+
+
 def main():
     cmd, args = sys.argv[1], sys.argv[2:]
     {"rules-file": rules_file, "dashboard-rules": dashboard_rules, "alm-examples": alm_examples,
      "same-rbac": same_rbac, "no-cluster-rbac": no_cluster_rbac,
-     "crd-for-objects": crd_for_objects}[cmd](*args)
+     "crd-for-objects": crd_for_objects, "all-in-namespace": all_in_namespace}[cmd](*args)
 
 
 if __name__ == "__main__":

@@ -44,6 +44,18 @@ for k in kustomize/base kustomize/overlays/single-namespace kustomize/overlays/m
   echo "ok $k ($(grep -c '^kind:' "$out") objects)"
 done
 "$py" scripts/artifact_checks.py no-cluster-rbac "$work/kustomize-kustomize-overlays-single-namespace.yaml"
+# A user's overlay that moves the install to another namespace moves the RBAC subjects with it.
+mkdir -p "$work/overlay-team-a"
+cat >"$work/overlay-team-a/kustomization.yaml" <<EOF_K
+apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+namespace: team-a
+resources:
+  - $(realpath --relative-to="$work/overlay-team-a" kustomize/overlays/single-namespace)
+EOF_K
+kubectl kustomize "$work/overlay-team-a" >"$work/team-a.yaml"
+"$py" scripts/artifact_checks.py all-in-namespace team-a "$work/team-a.yaml"
+"$py" scripts/artifact_checks.py all-in-namespace cdn-operator "$work/kustomize-kustomize-base.yaml"
 
 step "helm lint and template, kubernetes-validate --strict (Kubernetes 1.37 and 1.29)"
 chart=helm/cdn-operator
