@@ -17,8 +17,9 @@ ARG BINARY_FROM=builder
 FROM docker.io/library/rust:1.95-bookworm AS builder
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 WORKDIR /src
-COPY Cargo.toml Cargo.lock ./
-COPY src ./src
+# The whole crate (.dockerignore leaves out target/ and .git): Cargo.toml may declare tests,
+# benches or examples that must exist for the manifest to load.
+COPY . .
 # The host triple of the builder (x86_64 or aarch64), statically linked.
 RUN target="$(rustc -vV | sed -n 's/^host: //p')" \
     && RUSTFLAGS='-C target-feature=+crt-static' cargo build --release --locked --target "$target" \
