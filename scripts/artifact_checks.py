@@ -8,6 +8,7 @@
   no-cluster-rbac RENDERED.yaml                single-namespace output holds no ClusterRole(Binding)
   crd-for-objects CRD.yaml OUT                 the CRD with the root fields every object has
   all-in-namespace NS RENDERED.yaml            every namespaced object and RBAC subject is in NS
+  same-crds RENDERED.yaml CRD.yaml...          the rendered CRDs are these (labels, annotations aside)
 """
 import json
 import sys
@@ -115,11 +116,28 @@ def all_in_namespace(ns, path):
     print(f"everything in namespace {ns}")
 
 
+def same_crds(rendered, *crd_files):
+    got = {}
+    for o in docs(rendered):
+        if o["kind"] == "CustomResourceDefinition":
+            o["metadata"].pop("labels", None)
+            o["metadata"].pop("annotations", None)
+            got[o["metadata"]["name"]] = o
+    want = {}
+    for path in crd_files:
+        (crd,) = docs(path)
+        want[crd["metadata"]["name"]] = crd
+    if got != want:
+        sys.exit(f"{rendered}: the CRDs differ from {', '.join(crd_files)}")
+    print(f"{len(got)} CRDs rendered as generated")
+
+
 def main():
     cmd, args = sys.argv[1], sys.argv[2:]
     {"rules-file": rules_file, "dashboard-rules": dashboard_rules, "alm-examples": alm_examples,
      "same-rbac": same_rbac, "no-cluster-rbac": no_cluster_rbac,
-     "crd-for-objects": crd_for_objects, "all-in-namespace": all_in_namespace}[cmd](*args)
+     "crd-for-objects": crd_for_objects, "all-in-namespace": all_in_namespace,
+     "same-crds": same_crds}[cmd](*args)
 
 
 if __name__ == "__main__":

@@ -89,6 +89,8 @@ echo "ok values.schema.json rejects tests/helm/values-invalid.yaml"
 "$py" scripts/artifact_checks.py same-rbac "$work/kustomize-kustomize-base.yaml" "$work/helm-default.yaml"
 "$py" scripts/artifact_checks.py same-rbac "$work/kustomize-kustomize-overlays-single-namespace.yaml" "$work/helm-single-namespace.yaml"
 "$py" scripts/artifact_checks.py no-cluster-rbac "$work/helm-single-namespace.yaml"
+"$py" scripts/artifact_checks.py same-crds "$work/helm-default.yaml" bundle/manifests/*_*.yaml
+"$py" scripts/artifact_checks.py same-crds "$work/kustomize-kustomize-base.yaml" bundle/manifests/*_*.yaml
 
 step "trivy config (no HIGH or CRITICAL beyond scripts/trivy-ignore.yaml)"
 mkdir -p "$work/rendered"
