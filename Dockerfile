@@ -1,0 +1,44 @@
+# syntax=docker/dockerfile:1
+# The cdn-operator image: one static binary on an empty base, run as a non-root user, no shell.
+#
+# Anywhere (Docker, Podman, buildah): the builder stage compiles the binary.
+#   docker build -t ghcr.io/anevia/cdn-operator:0.1.0 .
+# From a binary built on the host (CI, where no base image can be pulled):
+#   RUSTFLAGS='-C target-feature=+crt-static' cargo build --release --locked --target x86_64-unknown-linux-gnu
+#   buildah --storage-driver vfs bud --isolation chroot --build-arg BINARY_FROM=prebuilt -t cdn-operator .
+# Both link glibc statically: the binary needs no libc in the image. (It reaches the API server
+# by the IP of KUBERNETES_SERVICE_HOST in a cluster; a static glibc cannot load NSS modules, so a
+# kubeconfig naming the server by host name resolves through /etc/hosts and DNS only.)
+
+# Which stage provides /cdn-operator: builder (compile here) or prebuilt (copy from the context).
+ARG BINARY_FROM=builder
+
+# The toolchain CI builds and tests with.
+FROM docker.io/library/rust:1.95-bookworm AS builder
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+WORKDIR /src
+# The whole crate (.dockerignore leaves out target/ and .git): Cargo.toml may declare tests,
+# benches or examples that must exist for the manifest to load.
+COPY . .
+# The host triple of the builder (x86_64 or aarch64), statically linked.
+RUN target="$(rustc -vV | sed -n 's/^host: //p')" \
+    && RUSTFLAGS='-C target-feature=+crt-static' cargo build --release --locked --target "$target" \
+    && install -D -m 0555 "target/$target/release/cdn-operator" /out/cdn-operator \
+    && /out/cdn-operator version
+
+FROM scratch AS prebuilt
+COPY --chmod=0555 target/x86_64-unknown-linux-gnu/release/cdn-operator /out/cdn-operator
+
+FROM ${BINARY_FROM} AS binary
+
+FROM scratch
+LABEL org.opencontainers.image.title="cdn-operator" \
+      org.opencontainers.image.description="Kubernetes operator for CDN clusters of nginx (CdnCluster) and one-shot commands (At)" \
+      org.opencontainers.image.source="https://github.com/anevia/cdn-operator" \
+      org.opencontainers.image.licenses="Apache-2.0"
+COPY --from=binary /out/cdn-operator /cdn-operator
+# The uid of the Deployment's securityContext; no /etc/passwd is needed for a numeric user.
+USER 65532:65532
+EXPOSE 8080 8081
+ENTRYPOINT ["/cdn-operator"]
+CMD ["run"]

@@ -1,0 +1,86 @@
+{{/* The name of every object of the release. */}}
+{{- define "cdn-operator.fullname" -}}
+{{- if contains "cdn-operator" .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-cdn-operator" .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* app.kubernetes.io/name stays cdn-operator: the ServiceMonitor turns it into job="cdn-operator",
+which the dashboard and the alerts select on. */}}
+{{- define "cdn-operator.selectorLabels" -}}
+app.kubernetes.io/name: cdn-operator
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "cdn-operator.labels" -}}
+{{ include "cdn-operator.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: cdn-operator
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{- define "cdn-operator.serviceAccountName" -}}
+{{- default (include "cdn-operator.fullname" .) .Values.serviceAccount.name -}}
+{{- end -}}
+
+{{/* The namespace the operator manages in single-namespace mode. */}}
+{{- define "cdn-operator.watchNamespace" -}}
+{{- default .Release.Namespace .Values.singleNamespace.namespace -}}
+{{- end -}}
+
+{{- define "cdn-operator.image" -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The release notes (NOTES.txt); a named template so that scripts/check-artifacts.sh can render
+them with `helm template`, which skips NOTES.txt. */}}
+{{- define "cdn-operator.notes" -}}
+cdn-operator {{ .Chart.AppVersion }} is installed in namespace {{ .Release.Namespace }}
+{{- if .Values.singleNamespace.enabled }}, managing namespace {{ include "cdn-operator.watchNamespace" . }} only (Role).
+{{- else }}, managing every namespace (ClusterRole).
+{{- end }}
+
+Check that the operator is ready:
+  kubectl -n {{ .Release.Namespace }} get deployment {{ include "cdn-operator.fullname" . }}
+{{- if .Values.leaderElection.enabled }}
+  kubectl -n {{ .Release.Namespace }} get lease {{ .Values.leaderElection.id }}   # the leader replica
+{{- end }}
+
+Create a CdnCluster and see it deployed:
+  kubectl apply -n {{ include "cdn-operator.watchNamespace" . }} -f - <<'YAML'
+  apiVersion: cluster.anevia.com/v1
+  kind: CdnCluster
+  metadata: {name: cache-live}
+  spec: {role: cache, sources: []}
+  YAML
+  kubectl -n {{ include "cdn-operator.watchNamespace" . }} get cdn,at
+{{- if .Values.crds.install }}
+
+{{ if .Values.crds.keep -}}
+The CRDs stay on `helm uninstall` (helm.sh/resource-policy: keep), and with them every CdnCluster
+and At. To remove those too: kubectl delete crd cdnclusters.cluster.anevia.com ats.cnat.programming-kubernetes.info
+{{- else -}}
+The CRDs are deleted on `helm uninstall`, and with them every CdnCluster and At of the cluster.
+{{- end }}
+{{- end }}
+{{- if or .Values.metrics.serviceMonitor.enabled .Values.prometheusRule.enabled .Values.dashboards.enabled }}
+
+Monitoring:
+{{- if .Values.metrics.serviceMonitor.enabled }}
+  - ServiceMonitor {{ include "cdn-operator.fullname" . }} (job="cdn-operator")
+{{- end }}
+{{- if .Values.prometheusRule.enabled }}
+  - PrometheusRule {{ include "cdn-operator.fullname" . }}; runbooks: https://github.com/anevia/cdn-operator/blob/main/docs/runbooks.md
+{{- end }}
+{{- if .Values.dashboards.enabled }}
+  - Grafana dashboard ConfigMap {{ include "cdn-operator.fullname" . }}-dashboard in {{ default .Release.Namespace .Values.dashboards.namespace }}
+{{- end }}
+{{- end }}
+{{- end -}}

@@ -1,0 +1,166 @@
+#!/usr/bin/env bash
+# Checks everything a user installs with the real tools (../shared/TOOLS.md): kustomize builds,
+# Helm lint/template, kubernetes-validate --strict, trivy, OLM schemas, promtool, Grafana's
+# Dashboard type, Argo CD health checks, hadolint, and the image built with buildah.
+# Installs the tools first (idempotent). Run from anywhere; called by test.sh.
+#   CDN_OPERATOR_TOOLS   where the tools go (default ~/.cache/cdn-operator-tools)
+#   SKIP_IMAGE=1         skip the static release build and the buildah image (the slow part)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+repo=$PWD
+shared=$(cd "$repo/../shared" && pwd)
+tools=${CDN_OPERATOR_TOOLS:-$HOME/.cache/cdn-operator-tools}
+start=$SECONDS
+
+step() { printf '\n== %s (%ss)\n' "$*" $((SECONDS - start)); }
+
+step "installing the validators into $tools"
+bash scripts/install-artifact-tools.sh "$tools"
+export PATH="$tools/bin:$PATH"
+py="$tools/venv/bin/python3"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+step "yamllint"
+# Helm templates are not YAML until rendered; the rendered output is validated below.
+# Generated CRDs indent lists flush with their key and carry long descriptions (and icons are long
+# base64 lines): both styles are accepted, consistently within a file.
+yamllint -s -d '{extends: default, rules: {line-length: disable, document-start: disable,
+  indentation: {spaces: consistent, indent-sequences: whatever},
+  comments: {min-spaces-from-content: 1}, comments-indentation: disable, truthy: {check-keys: false}}}' \
+  kustomize argocd bundle olm tests/alerts tests/helm \
+  helm/cdn-operator/Chart.yaml helm/cdn-operator/values.yaml helm/cdn-operator/files
+echo "ok yamllint"
+
+step "kustomize builds, kubernetes-validate --strict (Kubernetes 1.37 and 1.29)"
+for k in kustomize/base kustomize/overlays/single-namespace kustomize/overlays/monitoring argocd/overlay; do
+  out="$work/kustomize-$(echo "$k" | tr / -).yaml"
+  kubectl kustomize "$k" >"$out"
+  # Custom resources of other projects (ServiceMonitor, PrometheusRule) have no schema there: a
+  # warning; everything else must validate.
+  kubernetes-validate --strict --quiet "$out"
+  # The oldest Kubernetes the chart, the CSV and the CRD rules support.
+  kubernetes-validate --strict --quiet --no-warn -k 1.29.0 "$out"
+  echo "ok $k ($(grep -c '^kind:' "$out") objects)"
+done
+"$py" scripts/artifact_checks.py no-cluster-rbac "$work/kustomize-kustomize-overlays-single-namespace.yaml"
+# A user's overlay that moves the install to another namespace moves the RBAC subjects with it.
+mkdir -p "$work/overlay-team-a"
+cat >"$work/overlay-team-a/kustomization.yaml" <<EOF_K
+apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+namespace: team-a
+resources:
+  - $(realpath --relative-to="$work/overlay-team-a" kustomize/overlays/single-namespace)
+EOF_K
+kubectl kustomize "$work/overlay-team-a" >"$work/team-a.yaml"
+"$py" scripts/artifact_checks.py all-in-namespace team-a "$work/team-a.yaml"
+"$py" scripts/artifact_checks.py all-in-namespace cdn-operator "$work/kustomize-kustomize-base.yaml"
+
+step "helm lint and template, kubernetes-validate --strict (Kubernetes 1.37 and 1.29)"
+chart=helm/cdn-operator
+variants=("default:" "all-features:-f tests/helm/values-all-features.yaml"
+  "single-replica:-f tests/helm/values-single-replica.yaml" "single-namespace:--set singleNamespace.enabled=true")
+for v in "${variants[@]}"; do
+  name=${v%%:*}
+  # shellcheck disable=SC2086 # the flags are words
+  set -- ${v#*:}
+  helm lint --strict "$chart" "$@" >/dev/null
+  helm template cdn-operator "$chart" --namespace cdn-operator "$@" >"$work/helm-$name.yaml"
+  kubernetes-validate --strict --quiet "$work/helm-$name.yaml"
+  kubernetes-validate --strict --quiet --no-warn -k 1.29.0 "$work/helm-$name.yaml"
+  echo "ok helm $name ($(grep -c '^kind:' "$work/helm-$name.yaml") objects)"
+done
+# helm template skips NOTES.txt: render its named template through a copy of the chart.
+cp -r "$chart" "$work/notes-chart"
+printf 'notes: {{ include "cdn-operator.notes" . | quote }}\n' >"$work/notes-chart/templates/notes-check.yaml"
+for v in "${variants[@]}"; do
+  # shellcheck disable=SC2086
+  set -- ${v#*:}
+  helm template cdn-operator "$work/notes-chart" --namespace cdn-operator "$@" \
+    --show-only templates/notes-check.yaml >"$work/notes.yaml"
+  grep -q 'is installed in namespace cdn-operator' "$work/notes.yaml" || { cat "$work/notes.yaml"; exit 1; }
+done
+echo "ok NOTES.txt renders"
+if helm lint "$chart" -f tests/helm/values-invalid.yaml >/dev/null 2>&1; then
+  echo "values.schema.json accepted tests/helm/values-invalid.yaml"; exit 1
+fi
+echo "ok values.schema.json rejects tests/helm/values-invalid.yaml"
+"$py" scripts/artifact_checks.py same-rbac "$work/kustomize-kustomize-base.yaml" "$work/helm-default.yaml"
+"$py" scripts/artifact_checks.py same-rbac "$work/kustomize-kustomize-overlays-single-namespace.yaml" "$work/helm-single-namespace.yaml"
+"$py" scripts/artifact_checks.py no-cluster-rbac "$work/helm-single-namespace.yaml"
+"$py" scripts/artifact_checks.py same-crds "$work/helm-default.yaml" bundle/manifests/*_*.yaml
+"$py" scripts/artifact_checks.py same-crds "$work/kustomize-kustomize-base.yaml" bundle/manifests/*_*.yaml
+
+step "trivy config (no HIGH or CRITICAL beyond scripts/trivy-ignore.yaml)"
+mkdir -p "$work/rendered"
+cp "$work"/kustomize-*.yaml "$work"/helm-*.yaml "$work/rendered/"
+trivy config --quiet --skip-check-update --ignorefile scripts/trivy-ignore.yaml \
+  --severity HIGH,CRITICAL --exit-code 1 "$work/rendered"
+echo "ok trivy"
+
+step "OLM: CSV, catalog examples against OLM's schemas; examples against our CRDs"
+olm="$shared/olm-schemas"
+"$py" "$shared/tools/crd_validate.py" "$olm/operators.coreos.com_clusterserviceversions.yaml" \
+  bundle/manifests/cdn-operator.clusterserviceversion.yaml
+"$py" "$shared/tools/crd_validate.py" "$olm/operators.coreos.com_catalogsources.yaml" olm/examples/catalog_source.yaml
+"$py" "$shared/tools/crd_validate.py" "$olm/operators.coreos.com_operatorgroups.yaml" olm/examples/operator_group*.yaml
+"$py" "$shared/tools/crd_validate.py" "$olm/operators.coreos.com_subscriptions.yaml" olm/examples/subscription.yaml
+"$py" scripts/artifact_checks.py alm-examples bundle/manifests/cdn-operator.clusterserviceversion.yaml "$work/alm-examples.yaml"
+for crd in bundle/manifests/*_*.yaml; do
+  "$py" scripts/artifact_checks.py crd-for-objects "$crd" "$work/crd.yaml"
+  "$py" "$shared/tools/crd_validate.py" "$work/crd.yaml" "$work/alm-examples.yaml" "$shared"/seed-examples/*.yaml \
+    argocd/health/*/*/testdata/*.yaml
+done
+
+step "promtool: alert rules, their unit tests, dashboard queries"
+mkdir -p "$work/rules"
+"$py" scripts/artifact_checks.py rules-file kustomize/components/prometheus/prometheus_rule.yaml "$work/rules/cdn-operator.rules.yaml"
+cp tests/alerts/cdn-operator.rules.test.yaml "$work/rules/"
+promtool check rules "$work/rules/cdn-operator.rules.yaml"
+promtool test rules "$work/rules/cdn-operator.rules.test.yaml"
+"$py" scripts/artifact_checks.py dashboard-rules kustomize/components/grafana-dashboards/cdn-operator.json "$work/rules/dashboard.rules.yaml"
+promtool check rules "$work/rules/dashboard.rules.yaml"
+
+step "Grafana: the dashboard against @grafana/schema's Dashboard type"
+NODE_ROOT="$tools/node" sh "$shared/tools/check_dashboard.sh" kustomize/components/grafana-dashboards/cdn-operator.json
+echo "ok dashboard type-checks"
+
+step "Argo CD health checks (Lua, Argo CD's test format)"
+"$py" scripts/argocd_health_test.py "$shared/tools/argo_health.lua"
+
+step "hadolint"
+hadolint Dockerfile bundle/bundle.Dockerfile olm/catalog.Dockerfile
+echo "ok hadolint"
+
+if [ "${SKIP_IMAGE:-}" = 1 ]; then
+  step "image: skipped (SKIP_IMAGE=1)"
+else
+  step "image: static release binary, buildah (vfs, chroot)"
+  RUSTFLAGS='-C target-feature=+crt-static' cargo build --release --locked --target x86_64-unknown-linux-gnu
+  bin=target/x86_64-unknown-linux-gnu/release/cdn-operator
+  # ldd says "statically linked" (or "not a dynamic executable") for a static binary.
+  ldd "$bin" 2>&1 | grep -qE 'statically linked|not a dynamic executable' || { echo "$bin is dynamically linked"; exit 1; }
+  env -i "$bin" version
+  bah=(buildah --storage-driver vfs)
+  tag=localhost/cdn-operator:check-$$
+  "${bah[@]}" bud --isolation chroot --quiet --build-arg BINARY_FROM=prebuilt -t "$tag" . >/dev/null
+  config=$("${bah[@]}" inspect --type image --format '{{.OCIv1.Config.User}} {{.OCIv1.Config.Entrypoint}}' "$tag")
+  # The image holds the binary and nothing else (no shell), and the binary runs from it.
+  ctr=$("${bah[@]}" from "$tag")
+  rootfs=$("${bah[@]}" mount "$ctr")
+  files=$(cd "$rootfs" && find . -mindepth 1 | sort | tr '\n' ' ')
+  version=$(env -i "$rootfs/cdn-operator" version)
+  "${bah[@]}" umount "$ctr" >/dev/null
+  "${bah[@]}" rm "$ctr" >/dev/null
+  "${bah[@]}" rmi "$tag" >/dev/null
+  [ "$config" = '65532:65532 [/cdn-operator]' ] || { echo "unexpected image config: $config"; exit 1; }
+  [ "$files" = './cdn-operator ' ] || { echo "unexpected files in the image: $files"; exit 1; }
+  echo "ok image: user and entrypoint $config, only /cdn-operator, $version"
+  btag=localhost/cdn-operator-bundle:check-$$
+  "${bah[@]}" bud --isolation chroot --quiet -f bundle/bundle.Dockerfile -t "$btag" bundle >/dev/null
+  "${bah[@]}" rmi "$btag" >/dev/null
+  echo "ok bundle image"
+fi
+
+step "all artifact checks passed"

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Writes every shipped copy of the CRDs from their single source, `cdn-operator crd` (generated
+# from src/api/): one file per CRD, named <group>_<plural>.yaml as OLM bundles expect, into
+#   kustomize/base/crds/, helm/cdn-operator/files/crds/ and bundle/manifests/.
+# It also copies the Grafana dashboard and the PrometheusRule of kustomize/components/ into the
+# Helm chart's files/ (Helm cannot read outside its chart).
+# tests/shipped_artifacts.rs fails when any copy differs from its source; run this to fix it.
+# usage: scripts/sync-crds.sh [path/to/cdn-operator]   (default: cargo run)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ $# -ge 1 ]; then
+  stream=$("$1" crd)
+else
+  stream=$(cargo run --quiet --locked --bin cdn-operator -- crd)
+fi
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+# Split the multi-document stream on `---`; name each file from metadata.name (<plural>.<group>).
+printf '%s\n' "$stream" | awk -v dir="$tmp" '
+  BEGIN { n = 0 }
+  /^---$/ { n++; next }
+  { doc[n] = doc[n] $0 "\n" }
+  /^  name: / && !(n in name) { name[n] = $2 }
+  END {
+    for (i = 0; i <= n; i++) {
+      if (!(i in name)) { print "a CRD without metadata.name" > "/dev/stderr"; exit 1 }
+      dot = index(name[i], ".")
+      file = dir "/" substr(name[i], dot + 1) "_" substr(name[i], 1, dot - 1) ".yaml"
+      printf "%s", doc[i] > file
+    }
+  }'
+for dest in kustomize/base/crds helm/cdn-operator/files/crds bundle/manifests; do
+  mkdir -p "$dest"
+  # Only CRD copies are replaced: bundle/manifests also holds the ClusterServiceVersion.
+  find "$dest" -maxdepth 1 -name '*_*.yaml' ! -name '*clusterserviceversion*' -delete
+  cp "$tmp"/*.yaml "$dest/"
+done
+for f in "$tmp"/*.yaml; do echo "synced ${f##*/}"; done
+mkdir -p helm/cdn-operator/files/dashboards
+cp kustomize/components/grafana-dashboards/cdn-operator.json helm/cdn-operator/files/dashboards/
+cp kustomize/components/prometheus/prometheus_rule.yaml helm/cdn-operator/files/
+echo "synced the dashboard and the PrometheusRule into helm/cdn-operator/files/"

@@ -1,0 +1,836 @@
+//! The manifests users install (kustomize/, helm/, bundle/, olm/, argocd/) agree with the code and
+//! with each other: CRD copies, RBAC, the operator Deployment, the OLM catalog, and the metrics the
+//! dashboard and the alerts query. The real validators run in scripts/check-artifacts.sh.
+
+use cdn_operator::api::{crds, crds_yaml, Phase, State};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::collections::BTreeSet;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn read(path: &str) -> String {
+    let full = root().join(path);
+    fs::read_to_string(&full).unwrap_or_else(|e| panic!("cannot read {}: {e}", full.display()))
+}
+
+/// Every YAML document of a file, as JSON values (empty documents skipped).
+fn yaml_docs(path: &str) -> Vec<Value> {
+    let text = read(path);
+    serde_yaml::Deserializer::from_str(&text)
+        .map(|doc| Value::deserialize(doc).unwrap_or_else(|e| panic!("{path}: bad YAML: {e}")))
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+fn yaml(path: &str) -> Value {
+    let mut docs = yaml_docs(path);
+    assert_eq!(docs.len(), 1, "{path}: expected one YAML document");
+    docs.remove(0)
+}
+
+fn str_at<'a>(v: &'a Value, pointer: &str) -> &'a str {
+    v.pointer(pointer)
+        .and_then(Value::as_str)
+        .unwrap_or_else(|| panic!("no string at {pointer} in {v}"))
+}
+
+const CRD_COPIES: [&str; 3] = [
+    "kustomize/base/crds",
+    "helm/cdn-operator/files/crds",
+    "bundle/manifests",
+];
+
+/// The file each CRD is shipped as: `<group>_<plural>.yaml`, as OLM bundles name them.
+fn crd_files() -> Vec<(String, String)> {
+    crds()
+        .iter()
+        .map(|crd| {
+            let file = format!("{}_{}.yaml", crd.spec.group, crd.spec.names.plural);
+            (file, serde_yaml::to_string(crd).expect("a CRD serializes"))
+        })
+        .collect()
+}
+
+#[test]
+fn every_crd_copy_is_the_generated_crd() {
+    let expected = crd_files();
+    assert_eq!(expected.len(), 2, "CdnCluster and At");
+    // The split files put together are exactly what `cdn-operator crd` prints.
+    let joined: Vec<&str> = expected.iter().map(|(_, text)| text.as_str()).collect();
+    assert_eq!(joined.join("---\n"), crds_yaml());
+    for dir in CRD_COPIES {
+        for (file, text) in &expected {
+            let path = format!("{dir}/{file}");
+            assert!(
+                read(&path) == *text,
+                "{path} differs from the CRD generated from src/api/: run scripts/sync-crds.sh"
+            );
+        }
+        // No stale copy of a renamed or removed CRD.
+        let shipped: BTreeSet<String> = fs::read_dir(root().join(dir))
+            .expect("CRD directory")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .filter(|name| {
+                let kind = yaml_kind(&format!("{dir}/{name}"));
+                kind.as_deref() == Some("CustomResourceDefinition")
+            })
+            .collect();
+        let wanted: BTreeSet<String> = expected.iter().map(|(f, _)| f.clone()).collect();
+        assert_eq!(shipped, wanted, "CRD files in {dir}");
+    }
+    // kustomize installs each of them.
+    let kustomization = yaml("kustomize/base/kustomization.yaml");
+    let resources: Vec<&str> = kustomization["resources"]
+        .as_array()
+        .expect("resources")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    for (file, _) in &expected {
+        assert!(
+            resources.contains(&format!("crds/{file}").as_str()),
+            "kustomize/base does not install crds/{file}"
+        );
+    }
+}
+
+fn yaml_kind(path: &str) -> Option<String> {
+    if !path.ends_with(".yaml") {
+        return None;
+    }
+    yaml_docs(path)
+        .first()
+        .and_then(|d| d["kind"].as_str().map(str::to_string))
+}
+
+#[test]
+fn copies_for_helm_are_byte_copies_of_the_kustomize_sources() {
+    for (source, copy) in [
+        (
+            "kustomize/components/grafana-dashboards/cdn-operator.json",
+            "helm/cdn-operator/files/dashboards/cdn-operator.json",
+        ),
+        (
+            "kustomize/components/prometheus/prometheus_rule.yaml",
+            "helm/cdn-operator/files/prometheus_rule.yaml",
+        ),
+    ] {
+        assert!(
+            read(source) == read(copy),
+            "{copy} differs from {source}: run scripts/sync-crds.sh"
+        );
+    }
+}
+
+/// One permission: (apiGroup, resource, resourceName or "", verb). Rules are compared as sets of
+/// these, so that grouping rules differently does not matter but any extra right does.
+type Grant = (String, String, String, String);
+
+fn grants(rules: &Value) -> BTreeSet<Grant> {
+    let list = |v: &Value, key: &str| -> Vec<String> {
+        v.get(key)
+            .and_then(Value::as_array)
+            .map(|a| {
+                a.iter()
+                    .map(|s| s.as_str().expect("RBAC strings").to_string())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let mut out = BTreeSet::new();
+    for rule in rules.as_array().expect("rules is a list") {
+        let names = list(rule, "resourceNames");
+        let names = if names.is_empty() {
+            vec![String::new()]
+        } else {
+            names
+        };
+        for group in list(rule, "apiGroups") {
+            for resource in list(rule, "resources") {
+                for name in &names {
+                    for verb in list(rule, "verbs") {
+                        out.insert((group.clone(), resource.clone(), name.clone(), verb));
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+fn grant(group: &str, resource: &str, name: &str, verb: &str) -> Grant {
+    (group.into(), resource.into(), name.into(), verb.into())
+}
+
+/// Exactly what the operator does against the API, no more (see the comments in
+/// kustomize/base/cluster_role.yaml for the code path of each).
+fn expected_cluster_grants() -> BTreeSet<Grant> {
+    let mut g = BTreeSet::new();
+    for (group, kind) in [
+        ("cluster.anevia.com", "cdnclusters"),
+        ("cnat.programming-kubernetes.info", "ats"),
+    ] {
+        g.insert(grant(group, kind, "", "list"));
+        g.insert(grant(group, kind, "", "watch"));
+        g.insert(grant(group, &format!("{kind}/status"), "", "patch"));
+        g.insert(grant(group, &format!("{kind}/finalizers"), "", "update"));
+    }
+    for (group, resource) in [
+        ("apps", "deployments"),
+        ("", "configmaps"),
+        ("", "services"),
+        ("", "pods"),
+    ] {
+        for verb in ["list", "watch", "create", "patch"] {
+            g.insert(grant(group, resource, "", verb));
+        }
+    }
+    // src/at/mod.rs reads the At fresh before writing its status.
+    g.insert(grant("cnat.programming-kubernetes.info", "ats", "", "get"));
+    g.insert(grant("events.k8s.io", "events", "", "create"));
+    g.insert(grant("events.k8s.io", "events", "", "patch"));
+    g
+}
+
+fn expected_lease_grants() -> BTreeSet<Grant> {
+    [
+        grant("coordination.k8s.io", "leases", "", "create"),
+        grant("coordination.k8s.io", "leases", "cdn-operator-leader", "get"),
+        grant("coordination.k8s.io", "leases", "cdn-operator-leader", "patch"),
+    ]
+    .into()
+}
+
+#[test]
+fn rbac_is_exactly_what_the_operator_uses() {
+    let cluster_role = yaml("kustomize/base/cluster_role.yaml");
+    assert_eq!(cluster_role["kind"], "ClusterRole");
+    assert_eq!(grants(&cluster_role["rules"]), expected_cluster_grants());
+
+    let lease_role = yaml("kustomize/base/leader_election_role.yaml");
+    // A Role: Leases only in the operator's own namespace.
+    assert_eq!(lease_role["kind"], "Role");
+    assert_eq!(grants(&lease_role["rules"]), expected_lease_grants());
+
+    for g in expected_cluster_grants()
+        .iter()
+        .chain(&expected_lease_grants())
+    {
+        assert!(!g.0.contains('*') && !g.1.contains('*') && !g.3.contains('*'));
+        assert_ne!(g.1, "secrets");
+    }
+    // The Deployment's --leader-election-id is the Lease the Role allows.
+    let deployment = yaml("kustomize/base/deployment.yaml");
+    let args = deployment
+        .pointer("/spec/template/spec/containers/0/args")
+        .expect("args");
+    assert!(args
+        .as_array()
+        .unwrap()
+        .contains(&json!("--leader-election-id=cdn-operator-leader")));
+}
+
+fn csv() -> Value {
+    yaml("bundle/manifests/cdn-operator.clusterserviceversion.yaml")
+}
+
+#[test]
+fn csv_permissions_equal_the_rbac() {
+    let csv = csv();
+    let strategy = &csv["spec"]["install"]["spec"];
+    // Namespaced `permissions` only: OLM turns them into Roles of the target namespaces, or
+    // ClusterRoles when the OperatorGroup targets all namespaces.
+    assert!(
+        strategy.get("clusterPermissions").is_none(),
+        "no clusterPermissions"
+    );
+    let permissions = strategy["permissions"].as_array().expect("permissions");
+    assert_eq!(permissions.len(), 1);
+    assert_eq!(permissions[0]["serviceAccountName"], "cdn-operator");
+    let shipped = grants(&yaml("kustomize/base/cluster_role.yaml")["rules"])
+        .union(&grants(
+            &yaml("kustomize/base/leader_election_role.yaml")["rules"],
+        ))
+        .cloned()
+        .collect::<BTreeSet<_>>();
+    assert_eq!(grants(&permissions[0]["rules"]), shipped);
+}
+
+#[test]
+fn csv_deployment_is_the_kustomize_deployment_with_olm_namespaces() {
+    let csv = csv();
+    let deployments = csv["spec"]["install"]["spec"]["deployments"]
+        .as_array()
+        .expect("deployments");
+    assert_eq!(deployments.len(), 1);
+    let mut want = yaml("kustomize/base/deployment.yaml")["spec"].clone();
+    let image = kustomize_image();
+    let container = want
+        .pointer_mut("/template/spec/containers/0")
+        .expect("container");
+    container["image"] = json!(image);
+    container["env"].as_array_mut().expect("env").push(json!({
+        "name": "WATCH_NAMESPACE",
+        "valueFrom": {"fieldRef": {"fieldPath": "metadata.annotations['olm.targetNamespaces']"}}
+    }));
+    assert_eq!(deployments[0]["spec"], want);
+    assert_eq!(
+        str_at(&csv, "/metadata/annotations/containerImage"),
+        image,
+        "containerImage"
+    );
+    let related: Vec<&str> = csv["spec"]["relatedImages"]
+        .as_array()
+        .expect("relatedImages")
+        .iter()
+        .map(|i| str_at(i, "/image"))
+        .collect();
+    assert!(related.contains(&image.as_str()));
+    // Mirrors for disconnected clusters need the operands' default images too.
+    assert!(
+        related.contains(&cdn_operator::cdncluster::build::DEFAULT_IMAGE),
+        "relatedImages lacks the default nginx image"
+    );
+}
+
+/// The operator image kustomize/base deploys (its `images:` entry).
+fn kustomize_image() -> String {
+    let k = yaml("kustomize/base/kustomization.yaml");
+    let image = &k["images"][0];
+    format!("{}:{}", str_at(image, "/newName"), str_at(image, "/newTag"))
+}
+
+#[test]
+fn versions_and_images_agree_across_installers() {
+    let csv = csv();
+    let version = str_at(&csv, "/spec/version").to_string();
+    assert_eq!(
+        str_at(&csv, "/metadata/name"),
+        format!("cdn-operator.v{version}")
+    );
+    assert_eq!(version, cdn_operator::VERSION, "CSV version is the crate's");
+    let chart = yaml("helm/cdn-operator/Chart.yaml");
+    assert_eq!(str_at(&chart, "/appVersion"), version);
+    let values = yaml("helm/cdn-operator/values.yaml");
+    assert_eq!(
+        format!("{}:{}", str_at(&values, "/image/repository"), version),
+        kustomize_image()
+    );
+    assert_eq!(
+        kustomize_image(),
+        format!("ghcr.io/anevia/cdn-operator:{version}")
+    );
+}
+
+/// The properties of the CRD schema at `path` (a dotted path under spec or status).
+fn schema_has(schema: &Value, path: &str) -> bool {
+    let mut node = schema;
+    for part in path.split('.') {
+        match node.pointer(&format!("/properties/{part}")) {
+            Some(next) => node = next,
+            None => return false,
+        }
+    }
+    true
+}
+
+#[test]
+fn csv_owns_the_crds_with_descriptors_that_exist() {
+    let csv = csv();
+    let owned = csv["spec"]["customresourcedefinitions"]["owned"]
+        .as_array()
+        .expect("owned CRDs");
+    let generated = crds();
+    assert_eq!(owned.len(), generated.len());
+    for crd in &generated {
+        let version = &crd.spec.versions[0];
+        let entry = owned
+            .iter()
+            .find(|o| o["name"] == json!(crd.metadata.name.clone().unwrap()))
+            .unwrap_or_else(|| panic!("{:?} not owned by the CSV", crd.metadata.name));
+        assert_eq!(entry["kind"], json!(crd.spec.names.kind));
+        assert_eq!(entry["version"], json!(version.name));
+        let schema = serde_json::to_value(
+            version
+                .schema
+                .as_ref()
+                .and_then(|s| s.open_api_v3_schema.as_ref())
+                .expect("schema"),
+        )
+        .unwrap();
+        for (descriptors, under) in [("specDescriptors", "spec"), ("statusDescriptors", "status")] {
+            let list = entry[descriptors]
+                .as_array()
+                .unwrap_or_else(|| panic!("{} has no {descriptors}", crd.spec.names.kind));
+            assert!(!list.is_empty());
+            for d in list {
+                let path = str_at(d, "/path");
+                assert!(
+                    schema_has(&schema["properties"][under], path),
+                    "{} {descriptors}: {path} is not a field of {under}",
+                    crd.spec.names.kind
+                );
+            }
+        }
+    }
+    // alm-examples: one example of each kind, at least.
+    let examples: Value =
+        serde_json::from_str(str_at(&csv, "/metadata/annotations/alm-examples")).expect("JSON");
+    let kinds: BTreeSet<&str> = examples
+        .as_array()
+        .expect("a list")
+        .iter()
+        .map(|e| str_at(e, "/kind"))
+        .collect();
+    assert_eq!(kinds, BTreeSet::from(["CdnCluster", "At"]));
+    let modes: Vec<(&str, bool)> = csv["spec"]["installModes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| (str_at(m, "/type"), m["supported"].as_bool().unwrap()))
+        .collect();
+    assert!(modes.contains(&("AllNamespaces", true)));
+    assert!(modes.contains(&("OwnNamespace", true)));
+}
+
+#[test]
+fn bundle_dockerfile_labels_are_the_bundle_annotations() {
+    let annotations = yaml("bundle/metadata/annotations.yaml");
+    let mut want: Vec<String> = annotations["annotations"]
+        .as_object()
+        .expect("annotations")
+        .iter()
+        .map(|(k, v)| format!("{k}={}", v.as_str().unwrap()))
+        .collect();
+    want.sort();
+    let mut labels: Vec<String> = read("bundle/bundle.Dockerfile")
+        .lines()
+        .filter_map(|l| l.strip_prefix("LABEL "))
+        .map(str::to_string)
+        .collect();
+    labels.sort();
+    assert_eq!(labels, want);
+    assert_eq!(
+        annotations["annotations"]["operators.operatorframework.io.bundle.mediatype.v1"],
+        "registry+v1"
+    );
+}
+
+#[test]
+fn file_based_catalog_describes_the_bundle() {
+    let docs = yaml_docs("olm/catalog/cdn-operator/catalog.yaml");
+    let of =
+        |schema: &str| -> Vec<&Value> { docs.iter().filter(|d| d["schema"] == schema).collect() };
+    let packages = of("olm.package");
+    assert_eq!(packages.len(), 1);
+    let package = str_at(packages[0], "/name");
+    let annotations = yaml("bundle/metadata/annotations.yaml");
+    assert_eq!(
+        package,
+        str_at(
+            &annotations,
+            "/annotations/operators.operatorframework.io.bundle.package.v1"
+        )
+    );
+    let bundles = of("olm.bundle");
+    let bundle_names: BTreeSet<&str> = bundles.iter().map(|b| str_at(b, "/name")).collect();
+    let channels = of("olm.channel");
+    let channel_names: BTreeSet<&str> = channels.iter().map(|c| str_at(c, "/name")).collect();
+    assert!(channel_names.contains(str_at(packages[0], "/defaultChannel")));
+    for channel in &channels {
+        assert_eq!(str_at(channel, "/package"), package);
+        let entries = channel["entries"].as_array().expect("entries");
+        let in_channel: BTreeSet<&str> = entries.iter().map(|e| str_at(e, "/name")).collect();
+        for e in entries {
+            assert!(
+                bundle_names.contains(str_at(e, "/name")),
+                "{e}: no such bundle"
+            );
+            // Upgrade edges only point at entries of the same channel.
+            if let Some(replaces) = e.get("replaces") {
+                assert!(in_channel.contains(replaces.as_str().unwrap()));
+            }
+            for skipped in e
+                .get("skips")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+            {
+                assert!(in_channel.contains(skipped.as_str().unwrap()));
+            }
+        }
+    }
+    // The bundle of this release is the one in bundle/.
+    let csv = csv();
+    let name = str_at(&csv, "/metadata/name");
+    let bundle = bundles
+        .iter()
+        .find(|b| b["name"] == name)
+        .unwrap_or_else(|| panic!("{name} is not in the catalog"));
+    assert_eq!(str_at(bundle, "/package"), package);
+    let properties = bundle["properties"].as_array().expect("properties");
+    let prop = |t: &str| -> Vec<&Value> {
+        properties
+            .iter()
+            .filter(|p| p["type"] == t)
+            .map(|p| &p["value"])
+            .collect()
+    };
+    assert_eq!(
+        prop("olm.package"),
+        vec![&json!({"packageName": package, "version": csv["spec"]["version"]})]
+    );
+    let gvks: BTreeSet<(String, String, String)> = prop("olm.gvk")
+        .iter()
+        .map(|v| {
+            (
+                str_at(v, "/group").into(),
+                str_at(v, "/version").into(),
+                str_at(v, "/kind").into(),
+            )
+        })
+        .collect();
+    let owned: BTreeSet<(String, String, String)> = crds()
+        .iter()
+        .map(|c| {
+            (
+                c.spec.group.clone(),
+                c.spec.versions[0].name.clone(),
+                c.spec.names.kind.clone(),
+            )
+        })
+        .collect();
+    assert_eq!(gvks, owned);
+    // The skipRange of the catalog is the CSV's.
+    let entry = channels
+        .iter()
+        .flat_map(|c| c["entries"].as_array().unwrap())
+        .find(|e| e["name"] == name)
+        .expect("channel entry");
+    assert_eq!(
+        entry.get("skipRange").and_then(Value::as_str),
+        csv["metadata"]["annotations"]
+            .get("olm.skipRange")
+            .and_then(Value::as_str)
+    );
+    let catalog_images: BTreeSet<&str> = bundle["relatedImages"]
+        .as_array()
+        .expect("relatedImages")
+        .iter()
+        .map(|i| str_at(i, "/image"))
+        .collect();
+    assert!(catalog_images.contains(str_at(bundle, "/image")));
+    for image in csv["spec"]["relatedImages"].as_array().unwrap() {
+        assert!(catalog_images.contains(str_at(image, "/image")));
+    }
+}
+
+// ----- metrics used by the dashboard and the alerts -------------------------------------------
+
+const PROMQL_WORDS: &[&str] = &[
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+    "bool",
+    "and",
+    "or",
+    "unless",
+    "offset",
+    "inf",
+    "nan",
+];
+
+/// Removes every `open … close` span (non-nested: label matchers, ranges, string literals).
+fn strip(expr: &str, open: char, close: char) -> String {
+    let mut out = String::new();
+    let mut depth = 0;
+    for c in expr.chars() {
+        if depth == 0 && c == open {
+            depth = 1;
+        } else if depth == 1 && c == close {
+            depth = 0;
+            out.push(' ');
+        } else if depth == 0 {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// Metric names a PromQL expression selects: identifiers that are not functions (followed by
+/// `(`), keywords, grouping labels, label matchers, strings or durations.
+fn metric_names(expr: &str) -> BTreeSet<String> {
+    let no_strings = strip(&strip(expr, '"', '"'), '\'', '\'');
+    let no_matchers = strip(&strip(&no_strings, '{', '}'), '[', ']');
+    // Grouping clauses name labels: `by (a, b)`, `without (a)`, `on (…)`, `ignoring (…)`.
+    let mut cleaned = String::new();
+    let mut rest = no_matchers.as_str();
+    while let Some((word_start, paren)) = find_grouping(rest) {
+        // Drop the keyword with its labels, so that `sum by (l) (x)` reads `sum (x)`.
+        cleaned.push_str(&rest[..word_start]);
+        let close = rest[paren..]
+            .find(')')
+            .map(|i| paren + i + 1)
+            .unwrap_or(rest.len());
+        rest = &rest[close..];
+    }
+    cleaned.push_str(rest);
+    let chars: Vec<char> = cleaned.chars().collect();
+    let mut names = BTreeSet::new();
+    let mut i = 0;
+    while i < chars.len() {
+        let c = chars[i];
+        if c.is_ascii_alphabetic() || c == '_' || c == ':' {
+            let start = i;
+            while i < chars.len()
+                && (chars[i].is_ascii_alphanumeric() || chars[i] == '_' || chars[i] == ':')
+            {
+                i += 1;
+            }
+            let word: String = chars[start..i].iter().collect();
+            let preceded_by_digit = start > 0 && chars[start - 1].is_ascii_digit();
+            let next = chars[i..].iter().find(|c| !c.is_whitespace());
+            let is_function = next == Some(&'(');
+            if !is_function
+                && !preceded_by_digit
+                && !PROMQL_WORDS.contains(&word.to_lowercase().as_str())
+            {
+                names.insert(word);
+            }
+        } else if c.is_ascii_digit() {
+            while i < chars.len() && (chars[i].is_ascii_alphanumeric() || chars[i] == '.') {
+                i += 1;
+            }
+        } else {
+            i += 1;
+        }
+    }
+    names
+}
+
+/// The start of the first grouping keyword and the position of its `(`, if `rest` has one.
+fn find_grouping(rest: &str) -> Option<(usize, usize)> {
+    let mut best: Option<(usize, usize)> = None;
+    for word in [
+        "by",
+        "without",
+        "on",
+        "ignoring",
+        "group_left",
+        "group_right",
+    ] {
+        let mut from = 0;
+        while let Some(pos) = rest[from..].find(word) {
+            let start = from + pos;
+            let end = start + word.len();
+            let before_ok = start == 0
+                || !rest[..start]
+                    .chars()
+                    .next_back()
+                    .is_some_and(|c| c.is_ascii_alphanumeric() || c == '_');
+            let after = rest[end..].trim_start();
+            if before_ok && after.starts_with('(') {
+                let paren = rest.len() - after.len();
+                if best.is_none_or(|(b, _)| start < b) {
+                    best = Some((start, paren));
+                }
+                break;
+            }
+            from = end;
+        }
+    }
+    best
+}
+
+#[test]
+fn the_metric_name_extractor_finds_metrics_and_only_metrics() {
+    let names = metric_names(
+        r#"histogram_quantile(0.99, sum by (controller, le) (rate(a_bucket{job="x", le=~"1.*"}[5m]))) / on (pod) group_left (node) max without (instance) (b_total offset 5m) > bool 1e3 and time() - c"#,
+    );
+    assert_eq!(
+        names,
+        BTreeSet::from(["a_bucket".to_string(), "b_total".into(), "c".into()])
+    );
+}
+
+fn exported_metrics() -> BTreeSet<String> {
+    read("docs/metrics.txt")
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(str::to_string)
+        .collect()
+}
+
+fn dashboard_exprs(path: &str) -> Vec<String> {
+    let dashboard: Value = serde_json::from_str(&read(path)).expect("dashboard JSON");
+    let mut exprs = Vec::new();
+    for panel in dashboard["panels"].as_array().expect("panels") {
+        for target in panel["targets"].as_array().into_iter().flatten() {
+            exprs.push(str_at(target, "/expr").to_string());
+        }
+    }
+    for var in dashboard["templating"]["list"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        if let Some(q) = var.pointer("/query/query").and_then(Value::as_str) {
+            // label_values(metric{…}, label): the metric is what the dashboard needs.
+            let inner = q
+                .strip_prefix("label_values(")
+                .and_then(|s| s.rsplit_once(','))
+                .map(|(m, _)| m.to_string())
+                .unwrap_or_else(|| q.to_string());
+            exprs.push(inner);
+        }
+    }
+    exprs
+}
+
+fn alert_exprs() -> Vec<String> {
+    let rule = yaml("kustomize/components/prometheus/prometheus_rule.yaml");
+    rule["spec"]["groups"]
+        .as_array()
+        .expect("groups")
+        .iter()
+        .flat_map(|g| g["rules"].as_array().expect("rules").iter())
+        .map(|r| str_at(r, "/expr").to_string())
+        .collect()
+}
+
+#[test]
+fn dashboard_and_alerts_only_use_exported_metrics() {
+    let exported = exported_metrics();
+    // Prometheus writes `up` for every scrape target; the operator does not export it.
+    let synthesized = BTreeSet::from(["up".to_string()]);
+    let mut used = BTreeSet::new();
+    let exprs: Vec<(String, String)> =
+        dashboard_exprs("kustomize/components/grafana-dashboards/cdn-operator.json")
+            .into_iter()
+            .map(|e| ("dashboard".to_string(), e))
+            .chain(alert_exprs().into_iter().map(|e| ("alerts".to_string(), e)))
+            .collect();
+    assert!(
+        exprs.len() > 10,
+        "the dashboard and the alerts have queries"
+    );
+    for (source, expr) in &exprs {
+        let names = metric_names(expr);
+        assert!(!names.is_empty(), "{source}: no metric in {expr}");
+        for name in names {
+            assert!(
+                exported.contains(&name) || synthesized.contains(&name),
+                "{source} uses {name}, which the operator does not export (docs/metrics.txt): {expr}"
+            );
+            used.insert(name);
+        }
+    }
+    // The dashboard covers what the issue asks for.
+    for needed in [
+        "controller_runtime_reconcile_total",
+        "controller_runtime_reconcile_errors_total",
+        "controller_runtime_reconcile_time_seconds_bucket",
+        "controller_runtime_active_workers",
+        "leader_election_master_status",
+        "cdn_operator_cdnclusters",
+        "cdn_operator_ats",
+        "process_cpu_seconds_total",
+        "process_resident_memory_bytes",
+    ] {
+        assert!(used.contains(needed), "nothing shows {needed}");
+    }
+}
+
+/// `label="value"` matchers of `label` in an expression.
+fn matcher_values(expr: &str, label: &str) -> Vec<String> {
+    let needle = format!("{label}=\"");
+    let mut out = Vec::new();
+    let mut rest = expr;
+    while let Some(pos) = rest.find(&needle) {
+        let before = rest[..pos].chars().next_back();
+        let start = pos + needle.len();
+        let end = rest[start..]
+            .find('"')
+            .map(|i| start + i)
+            .unwrap_or(rest.len());
+        if !before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_') {
+            out.push(rest[start..end].to_string());
+        }
+        rest = &rest[end..];
+    }
+    out
+}
+
+#[test]
+fn state_and_phase_matchers_name_real_values() {
+    let states: Vec<&str> = State::ALL.iter().map(|s| s.as_str()).collect();
+    let phases: Vec<&str> = Phase::ALL.iter().map(|p| p.as_str()).collect();
+    let mut checked = 0;
+    let exprs = alert_exprs().into_iter().chain(dashboard_exprs(
+        "kustomize/components/grafana-dashboards/cdn-operator.json",
+    ));
+    for expr in exprs {
+        for v in matcher_values(&expr, "state") {
+            assert!(states.contains(&v.as_str()), "unknown state {v} in {expr}");
+            checked += 1;
+        }
+        for v in matcher_values(&expr, "phase") {
+            assert!(phases.contains(&v.as_str()), "unknown phase {v} in {expr}");
+            checked += 1;
+        }
+        for v in matcher_values(&expr, "outcome") {
+            assert!(
+                ["Succeeded", "Failed", ""].contains(&v.as_str()),
+                "unknown outcome {v}"
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked >= 4, "the alerts match on state, phase and outcome");
+}
+
+#[test]
+fn every_alert_has_a_runbook_section() {
+    let runbooks = read("docs/runbooks.md");
+    let headings: BTreeSet<&str> = runbooks
+        .lines()
+        .filter_map(|l| l.strip_prefix("## "))
+        .collect();
+    let rule = yaml("kustomize/components/prometheus/prometheus_rule.yaml");
+    let mut alerts = 0;
+    for group in rule["spec"]["groups"].as_array().unwrap() {
+        for r in group["rules"].as_array().unwrap() {
+            let alert = str_at(r, "/alert");
+            alerts += 1;
+            assert!(
+                headings.contains(alert),
+                "docs/runbooks.md has no section {alert}"
+            );
+            let url = str_at(r, "/annotations/runbook_url");
+            assert!(
+                url.ends_with(&format!("docs/runbooks.md#{}", alert.to_lowercase())),
+                "{alert}: runbook_url {url}"
+            );
+            assert!(r["labels"]["severity"].is_string(), "{alert}: severity");
+        }
+    }
+    assert_eq!(alerts, 6);
+}
+
+#[test]
+fn argocd_overlay_puts_crds_first() {
+    let k = yaml("argocd/overlay/kustomization.yaml");
+    let text = serde_json::to_string(&k).unwrap();
+    assert!(text.contains("CustomResourceDefinition"));
+    assert!(text.contains(r#"argocd.argoproj.io/sync-wave: \"-1\""#));
+    assert!(Path::new(&root().join("argocd/argocd-cm.yaml")).exists());
+}
