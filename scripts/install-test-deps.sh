@@ -5,6 +5,8 @@ set -euo pipefail
 
 apt_packages=()
 command -v nginx >/dev/null 2>&1 || apt_packages+=(nginx-light)
+# promtool lints the /metrics exposition (Debian ships it in the prometheus package).
+command -v promtool >/dev/null 2>&1 || apt_packages+=(prometheus)
 
 if [ ${#apt_packages[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
@@ -13,4 +15,9 @@ if [ ${#apt_packages[@]} -gt 0 ]; then
   # Debian starts nginx on port 80 after install; the tests start their own.
   (command -v systemctl >/dev/null && systemctl stop nginx) >/dev/null 2>&1 || true
   pkill -x nginx >/dev/null 2>&1 || true
+fi
+
+# The OTLP receiver the tracing test starts (../shared/tools/otlp_receiver.py).
+if ! python3 -c 'import grpc, opentelemetry.proto' >/dev/null 2>&1; then
+  python3 -m pip install -q opentelemetry-proto grpcio
 fi
