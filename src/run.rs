@@ -147,6 +147,10 @@ impl Args {
 
 /// Runs the operator; any failure is one line on stderr and a non-zero exit.
 pub fn main(args: Args) -> ExitCode {
+    // kube is built with ring, but another crate in the graph (in test builds, the fake
+    // client's jsonschema) may enable aws-lc-rs too; rustls then refuses to pick one and
+    // panics. The process chooses explicitly. An Err means one is already installed: fine.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(error) => {
@@ -196,17 +200,19 @@ pub async fn run(args: Args) -> Result<(), String> {
     let metrics = Metrics::new();
     let health = Health::default();
     let servers_stop = Shutdown::new();
-    for (listener, router) in [
-        (probe_listener, http::probes(health.clone())),
-        (metrics_listener, http::metrics(metrics.clone())),
+    for (endpoints, listener, router) in [
+        ("probes", probe_listener, http::probes(health.clone())),
+        ("metrics", metrics_listener, http::metrics(metrics.clone())),
     ] {
         if let Some(listener) = listener {
-            let address = listener.local_addr().ok();
-            tracing::info!(?address, "serving HTTP");
+            let address = listener
+                .local_addr()
+                .map_err(|e| format!("cannot serve {endpoints}: {e}"))?;
+            tracing::info!(%address, endpoints, "serving HTTP");
             let stop = servers_stop.requested();
             tokio::spawn(async move {
                 if let Err(error) = http::serve(listener, router, stop).await {
-                    tracing::error!(%error, ?address, "HTTP server failed");
+                    tracing::error!(%error, %address, endpoints, "HTTP server failed");
                 }
             });
         }
@@ -233,6 +239,7 @@ pub async fn run(args: Args) -> Result<(), String> {
         metrics: metrics.clone(),
         health: health.clone(),
         shutdown: shutdown.clone(),
+        leadership: leadership.clone(),
         concurrency,
     };
 
@@ -301,10 +308,10 @@ pub async fn run(args: Args) -> Result<(), String> {
             "in-flight reconciles did not finish in time; abandoning them (they are retried by the next leader)"
         ),
     }
-    leadership.set(false);
     drop(controllers);
-    if let Some(elector) = &elector {
-        elector.release().await;
+    match &elector {
+        Some(elector) => elector.release().await,
+        None => leadership.set(false),
     }
     servers_stop.trigger();
     Ok(())
@@ -336,6 +343,7 @@ struct Glue {
     metrics: Arc<Metrics>,
     health: Health,
     shutdown: Shutdown,
+    leadership: Leadership,
     concurrency: u16,
 }
 
@@ -361,7 +369,10 @@ impl Glue {
     {
         self.health.ready_when(name, ready);
         let alive = self.health.alive_while(name);
-        let reconciles = Reconciles::new(self.metrics.controller(name, self.concurrency));
+        let reconciles = Reconciles::new(
+            self.metrics.controller(name, self.concurrency),
+            self.leadership.clone(),
+        );
         let stream = controller
             .graceful_shutdown_on(self.shutdown.requested())
             .run(

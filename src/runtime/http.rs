@@ -2,7 +2,7 @@
 //! address so the metrics port can be exposed (or protected) separately from the kubelet's
 //! probes. Checks are named and registered by the glue; this module knows no controller.
 
-use super::metrics::{Metrics, CONTENT_TYPE};
+use super::metrics::{self as exposition, Metrics};
 use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -108,14 +108,19 @@ fn answer((ok, text): (bool, String)) -> Response {
         .into_response()
 }
 
-/// `/metrics`, in the OpenMetrics text format.
+/// `/metrics`: OpenMetrics when the scraper asks for it (Prometheus does), else the classic
+/// Prometheus text format.
 pub fn metrics(metrics: Arc<Metrics>) -> Router {
     Router::new()
         .route(
             "/metrics",
-            get(|State(m): State<Arc<Metrics>>| async move {
-                ([(header::CONTENT_TYPE, CONTENT_TYPE)], m.encode()).into_response()
-            }),
+            get(
+                |State(m): State<Arc<Metrics>>, headers: axum::http::HeaderMap| async move {
+                    let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
+                    let (content_type, body) = exposition::negotiate(&m, accept);
+                    ([(header::CONTENT_TYPE, content_type)], body).into_response()
+                },
+            ),
         )
         .with_state(metrics)
 }

@@ -3,6 +3,9 @@
 
 use super::metrics::{ControllerMetrics, Outcome};
 use super::telemetry;
+use crate::controller::Leadership;
+use futures::future::BoxFuture;
+use futures::FutureExt;
 use kube::runtime::controller::Action;
 use kube::{Resource, ResourceExt};
 use std::future::Future;
@@ -24,27 +27,36 @@ pub fn outcome<E>(result: &Result<Action, E>) -> Outcome {
 #[derive(Clone)]
 pub struct Reconciles {
     metrics: ControllerMetrics,
+    leadership: Leadership,
 }
 
 impl Reconciles {
-    pub fn new(metrics: ControllerMetrics) -> Self {
-        Reconciles { metrics }
+    pub fn new(metrics: ControllerMetrics, leadership: Leadership) -> Self {
+        Reconciles {
+            metrics,
+            leadership,
+        }
     }
 
     /// Runs `reconcile(obj, ctx)` inside a new root span, timing it and counting its result.
-    /// Meant for `Controller::run(|o, c| reconciles.run(o, c, reconcile), ...)`.
+    /// Meant for `Controller::run(|o, c| reconciles.run(o, c, reconcile), ...)`. On a standby
+    /// the reconcile is not called at all (nor counted, nor traced): it would do nothing, and
+    /// dashboards must show the work of the leader only. Acquiring leadership reconciles all.
     pub fn run<K, C, E, F, Fut>(
         &self,
         obj: Arc<K>,
         ctx: Arc<C>,
         reconcile: F,
-    ) -> impl Future<Output = Result<Action, E>> + Send + 'static
+    ) -> BoxFuture<'static, Result<Action, E>>
     where
         K: Resource,
         F: FnOnce(Arc<K>, Arc<C>) -> Fut,
         Fut: Future<Output = Result<Action, E>> + Send + 'static,
-        E: std::fmt::Display,
+        E: std::fmt::Display + Send + 'static,
     {
+        if !self.leadership.is_leader() {
+            return futures::future::ready(Ok(Action::await_change())).boxed();
+        }
         let metrics = self.metrics.clone();
         let span = tracing::info_span!(
             parent: None,
@@ -73,6 +85,7 @@ impl Reconciles {
             result
         }
         .instrument(span)
+        .boxed()
     }
 }
 
@@ -103,7 +116,7 @@ mod tests {
     #[tokio::test]
     async fn a_reconcile_is_timed_counted_and_its_worker_released() {
         let metrics = Metrics::new();
-        let reconciles = Reconciles::new(metrics.controller("things", 4));
+        let reconciles = Reconciles::new(metrics.controller("things", 4), Leadership::always());
         let (entered_tx, entered_rx) = tokio::sync::oneshot::channel();
         let (release_tx, release_rx) = tokio::sync::oneshot::channel::<()>();
         let running = tokio::spawn(reconciles.run(object(), Arc::new(()), |_, _| async move {
@@ -141,7 +154,7 @@ mod tests {
     #[tokio::test]
     async fn a_cancelled_reconcile_frees_its_worker() {
         let metrics = Metrics::new();
-        let reconciles = Reconciles::new(metrics.controller("things", 1));
+        let reconciles = Reconciles::new(metrics.controller("things", 1), Leadership::always());
         let running = tokio::spawn(reconciles.run(object(), Arc::new(()), |_, _| {
             futures::future::pending::<Result<Action, String>>()
         }));
@@ -154,5 +167,42 @@ mod tests {
         assert!(metrics
             .encode()
             .contains("controller_runtime_active_workers{controller=\"things\"} 0\n"));
+    }
+}
+
+#[cfg(test)]
+mod standby_tests {
+    use super::*;
+    use crate::runtime::metrics::Metrics;
+    use k8s_openapi::api::core::v1::ConfigMap;
+
+    #[tokio::test]
+    async fn a_standby_neither_calls_nor_counts_the_reconcile() {
+        let metrics = Metrics::new();
+        let leadership = Leadership::standby();
+        let reconciles = Reconciles::new(metrics.controller("things", 1), leadership.clone());
+        let called = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let run = |reconciles: &Reconciles| {
+            let called = called.clone();
+            reconciles.run(
+                Arc::new(ConfigMap::default()),
+                Arc::new(()),
+                move |_, _| async move {
+                    called.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    Ok::<_, String>(Action::await_change())
+                },
+            )
+        };
+        assert_eq!(run(&reconciles).await, Ok(Action::await_change()));
+        assert_eq!(called.load(std::sync::atomic::Ordering::SeqCst), 0);
+        assert!(metrics.encode().contains(
+            "controller_runtime_reconcile_time_seconds_count{controller=\"things\"} 0\n"
+        ));
+        leadership.set(true);
+        run(&reconciles).await.unwrap();
+        assert_eq!(called.load(std::sync::atomic::Ordering::SeqCst), 1);
+        assert!(metrics.encode().contains(
+            "controller_runtime_reconcile_total{controller=\"things\",result=\"success\"} 1\n"
+        ));
     }
 }

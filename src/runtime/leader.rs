@@ -102,6 +102,8 @@ pub struct Elector {
     config: Config,
     leadership: Leadership,
     status: Gauge,
+    /// Whether this elector holds the lease, whatever others did to `leadership` since.
+    holding: std::sync::atomic::AtomicBool,
 }
 
 impl Elector {
@@ -127,6 +129,7 @@ impl Elector {
             config,
             leadership,
             status,
+            holding: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -231,10 +234,11 @@ impl Elector {
     /// Stops leading and releases the lease so a standby takes over at once rather than after
     /// the lease expires. Reconciles stop before the lease is given up.
     pub async fn release(&self) {
-        if !self.leadership.is_leader() {
+        let holding = self.holding.load(std::sync::atomic::Ordering::SeqCst);
+        self.set(false);
+        if !holding {
             return;
         }
-        self.set(false);
         match tokio::time::timeout(self.config.renew_deadline, self.lock.step_down()).await {
             Ok(Ok(())) => {
                 tracing::info!(lease = %self.config.lease_name, "released the leader election lease")
@@ -249,6 +253,8 @@ impl Elector {
     }
 
     fn set(&self, leading: bool) {
+        self.holding
+            .store(leading, std::sync::atomic::Ordering::SeqCst);
         self.leadership.set(leading);
         self.status.set(i64::from(leading));
     }

@@ -12,8 +12,11 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::{Registry, Unit};
 use std::sync::{Arc, RwLock};
 
-/// The content type of the exposition (what Prometheus asks for first).
-pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+/// The content type of the OpenMetrics exposition (what Prometheus asks for first).
+pub const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+/// The content type of the classic Prometheus text format, for clients that do not ask for
+/// OpenMetrics (curl, promtool, older scrapers).
+pub const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// controller-runtime's buckets for `controller_runtime_reconcile_time_seconds`.
 const RECONCILE_BUCKETS: [f64; 40] = [
@@ -192,6 +195,49 @@ impl Metrics {
     }
 }
 
+/// The exposition for `Accept`: OpenMetrics when asked for, else the classic text format.
+pub fn negotiate(metrics: &Metrics, accept: Option<&str>) -> (&'static str, String) {
+    let openmetrics = metrics.encode();
+    if accept.is_some_and(|a| a.contains("application/openmetrics-text")) {
+        (OPENMETRICS, openmetrics)
+    } else {
+        (PROMETHEUS_TEXT, to_prometheus_text(&openmetrics))
+    }
+}
+
+/// Rewrites OpenMetrics text as Prometheus text 0.0.4: counter families are named with their
+/// `_total` suffix in HELP and TYPE (OpenMetrics names the family without it), and the
+/// OpenMetrics-only `# UNIT` and `# EOF` lines are dropped. Samples are identical.
+pub fn to_prometheus_text(openmetrics: &str) -> String {
+    let mut out = String::with_capacity(openmetrics.len());
+    let mut help: Option<(&str, &str)> = None;
+    for line in openmetrics.lines() {
+        if let Some(rest) = line.strip_prefix("# HELP ") {
+            help = rest.split_once(' ').or(Some((rest, "")));
+            continue;
+        }
+        if line.starts_with("# UNIT ") || line == "# EOF" {
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = rest.split_once(' ').unwrap_or((rest, "untyped"));
+            let name = if kind == "counter" && !name.ends_with("_total") {
+                format!("{name}_total")
+            } else {
+                name.to_string()
+            };
+            if let Some((_, text)) = help.take() {
+                out.push_str(&format!("# HELP {name} {text}\n"));
+            }
+            out.push_str(&format!("# TYPE {name} {kind}\n"));
+            continue;
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
+}
+
 fn new_reconcile_histogram() -> Histogram {
     Histogram::new(RECONCILE_BUCKETS)
 }
@@ -342,6 +388,40 @@ mod tests {
         assert!(text.contains("# TYPE things gauge\n"));
         assert!(text.contains("things{colour=\"red\"} 5\n"));
         assert!(text.contains("things{colour=\"blue\"} 0\n"));
+    }
+
+    #[test]
+    fn the_classic_text_format_names_counters_with_their_suffix() {
+        let metrics = Metrics::new();
+        metrics
+            .controller("widgets", 1)
+            .observe(Outcome::Success, 0.1);
+        let (content_type, om) = negotiate(
+            &metrics,
+            Some("application/openmetrics-text;version=1.0.0,text/plain;q=0.5"),
+        );
+        assert_eq!(content_type, OPENMETRICS);
+        assert!(om.contains("# TYPE controller_runtime_reconcile counter\n"));
+        let (content_type, text) = negotiate(&metrics, Some("text/plain"));
+        assert_eq!(content_type, PROMETHEUS_TEXT);
+        assert!(text.contains(
+            "# HELP controller_runtime_reconcile_total Total number of reconciliations per controller.\n\
+             # TYPE controller_runtime_reconcile_total counter\n\
+             controller_runtime_reconcile_total{controller=\"widgets\",result=\"success\"} 1\n"
+        ), "{text}");
+        assert!(text.contains("# TYPE controller_runtime_reconcile_time_seconds histogram\n"));
+        assert!(
+            !text.contains("# UNIT") && !text.contains("# EOF"),
+            "{text}"
+        );
+        // Same samples in both.
+        let samples = |t: &str| {
+            t.lines()
+                .filter(|l| !l.starts_with('#'))
+                .map(String::from)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(samples(&om), samples(&text));
     }
 
     #[test]

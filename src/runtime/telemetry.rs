@@ -214,10 +214,14 @@ where
         .build();
     let tracer = provider.tracer(crate::FIELD_MANAGER);
     // Spans at info and above (the reconciles), the Kubernetes client's request spans when they
-    // happen inside one of those (not the long watches), and warnings as span events.
+    // happen inside one of those (not the long watches), and warnings as span events. kube's own
+    // "reconciling object" span is left out: the instrumented reconcile is the root.
     let filter = dynamic_filter_fn(|meta, cx: &Context<'_, S>| {
         if meta.is_event() {
             return *meta.level() <= Level::WARN;
+        }
+        if meta.target().starts_with("kube_runtime") {
+            return false;
         }
         *meta.level() <= Level::INFO
             || (meta.target().starts_with("kube_client") && cx.lookup_current().is_some())
