@@ -288,25 +288,34 @@ pub async fn run(args: Args) -> Result<(), String> {
             }
         }
     };
-    tokio::select! {
+    let stopped = tokio::select! {
         result = campaign => {
             // Ok only once shutdown is requested; a loss has already stopped the reconciles.
             result.map_err(|lost| format!("{lost}; exiting so a fresh process rejoins the election"))?;
+            false
         }
         _ = &mut controllers.0 => {
-            return Err("the controllers stopped unexpectedly".into());
+            // On a signal, idle controllers may stop before the election loop notices.
+            if !shutdown.is_requested() {
+                return Err("the controllers stopped unexpectedly".into());
+            }
+            true
         }
-    }
+    };
 
     // Shutdown: the controllers stop taking work on the same signal; in-flight reconciles get
     // the timeout to finish.
-    tracing::info!(timeout = ?args.shutdown_timeout, "shutting down: finishing in-flight reconciles");
-    match tokio::time::timeout(args.shutdown_timeout, &mut controllers.0).await {
-        Ok(_) => tracing::info!("the controllers stopped"),
-        Err(_) => tracing::warn!(
-            timeout = ?args.shutdown_timeout,
-            "in-flight reconciles did not finish in time; abandoning them (they are retried by the next leader)"
-        ),
+    if !stopped {
+        tracing::info!(timeout = ?args.shutdown_timeout, "shutting down: finishing in-flight reconciles");
+        match tokio::time::timeout(args.shutdown_timeout, &mut controllers.0).await {
+            Ok(_) => tracing::info!("the controllers stopped"),
+            Err(_) => tracing::warn!(
+                timeout = ?args.shutdown_timeout,
+                "in-flight reconciles did not finish in time; abandoning them (they are retried by the next leader)"
+            ),
+        }
+    } else {
+        tracing::info!("the controllers stopped");
     }
     drop(controllers);
     match &elector {

@@ -29,6 +29,10 @@ struct FakeState {
     clusters: Vec<Value>,
     requests: Vec<String>,
     lease_patches: Vec<Value>,
+    /// How long a CdnCluster status write takes (to hold a reconcile in flight).
+    status_delay: Duration,
+    status_writes_started: usize,
+    status_writes_done: usize,
 }
 
 type Shared = Arc<Mutex<FakeState>>;
@@ -73,6 +77,16 @@ async fn handle(State(state): State<Shared>, method: Method, uri: Uri, body: Byt
     let path = uri.path().to_string();
     let query = uri.query().unwrap_or("").to_string();
     let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let status_write = method == Method::PATCH && path.ends_with("/status");
+    if status_write {
+        let delay = {
+            let mut s = state.lock().unwrap();
+            s.status_writes_started += 1;
+            s.status_delay
+        };
+        tokio::time::sleep(delay).await;
+        state.lock().unwrap().status_writes_done += 1;
+    }
     let mut s = state.lock().unwrap();
     s.requests.push(format!("{method} {uri}"));
     if path == "/version" {
@@ -875,4 +889,75 @@ fn the_spans_of_a_reconcile_reach_an_otlp_receiver_with_their_parent_links() {
         assert_eq!(line["controller"], "cdncluster", "{line}");
     }
     drop(receiver);
+}
+
+#[test]
+fn sigterm_lets_an_in_flight_reconcile_finish_then_exits_0() {
+    let api = FakeApi::start(FakeState {
+        clusters: vec![cluster("origin")],
+        status_delay: Duration::from_millis(1500),
+        ..FakeState::default()
+    });
+    let mut operator = Operator::start(
+        &api.kubeconfig,
+        &["--leader-elect=false", "--shutdown-timeout=10s"],
+        &[],
+    )
+    .serving();
+    operator.wait_for("a reconcile in flight", Duration::from_secs(30), |_| {
+        api.state.lock().unwrap().status_writes_started == 1
+    });
+    operator.signal("TERM");
+    let signalled = Instant::now();
+    let status = operator.wait_exit(Duration::from_secs(10));
+    assert_eq!(status.code(), Some(0), "stderr:\n{}", operator.stderr());
+    assert_eq!(
+        api.state.lock().unwrap().status_writes_done,
+        1,
+        "the reconcile finished"
+    );
+    assert!(
+        signalled.elapsed() >= Duration::from_millis(1000),
+        "it waited for the reconcile"
+    );
+    assert!(
+        operator.stdout().contains("the controllers stopped"),
+        "{}",
+        operator.stdout()
+    );
+}
+
+#[test]
+fn sigterm_abandons_a_reconcile_that_outlasts_the_shutdown_timeout_and_exits_0() {
+    let api = FakeApi::start(FakeState {
+        clusters: vec![cluster("origin")],
+        status_delay: Duration::from_secs(60),
+        ..FakeState::default()
+    });
+    let mut operator = Operator::start(
+        &api.kubeconfig,
+        &["--leader-elect=false", "--shutdown-timeout=1s"],
+        &[],
+    )
+    .serving();
+    operator.wait_for("a reconcile in flight", Duration::from_secs(30), |_| {
+        api.state.lock().unwrap().status_writes_started == 1
+    });
+    operator.signal("TERM");
+    let signalled = Instant::now();
+    let status = operator.wait_exit(Duration::from_secs(10));
+    assert_eq!(status.code(), Some(0), "stderr:\n{}", operator.stderr());
+    let took = signalled.elapsed();
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(4),
+        "{took:?}"
+    );
+    assert_eq!(api.state.lock().unwrap().status_writes_done, 0);
+    assert!(
+        operator
+            .stdout()
+            .contains("in-flight reconciles did not finish in time"),
+        "{}",
+        operator.stdout()
+    );
 }
