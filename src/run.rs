@@ -2,7 +2,7 @@
 //! election, probes, metrics, traces, logs, graceful shutdown). The glue between the domain-free
 //! runtime and the controllers lives here.
 
-use crate::api::CdnCluster;
+use crate::api::{At, CdnCluster, Phase, State};
 use crate::cdncluster;
 use crate::controller::{Events, Leadership, Scope};
 use crate::runtime::http::{self, Health};
@@ -406,24 +406,108 @@ impl Glue {
 }
 
 /// `cdn_operator_cdnclusters{state}`: CdnClusters in the cache by `status.state`, at scrape time.
-fn register_cdncluster_gauges(metrics: &Metrics, clusters: Store<CdnCluster>) {
-    metrics.register_gauge_fn(
+pub fn register_cdncluster_gauges(metrics: &Metrics, clusters: Store<CdnCluster>) {
+    register_count_by(
+        metrics,
         "cdn_operator_cdnclusters",
         "CdnClusters by status.state (Unknown: not reconciled yet)",
         "state",
-        move || {
-            let states = clusters
-                .state()
-                .iter()
-                .map(|c| c.status.as_ref().and_then(|s| s.state).map(|s| s.as_str()))
-                .collect::<Vec<_>>();
-            let count = |s: Option<&str>| states.iter().filter(|x| **x == s).count() as i64;
-            let mut series: Vec<(String, i64)> = crate::api::State::ALL
-                .iter()
-                .map(|s| (s.as_str().to_string(), count(Some(s.as_str()))))
-                .collect();
-            series.push(("Unknown".into(), count(None)));
-            series
-        },
+        clusters,
+        State::ALL.map(State::as_str),
+        |c| c.status.as_ref().and_then(|s| s.state).map(State::as_str),
     );
+}
+
+/// `cdn_operator_ats{phase}`: Ats in the cache by `status.phase`, at scrape time.
+pub fn register_at_gauges(metrics: &Metrics, ats: Store<At>) {
+    register_count_by(
+        metrics,
+        "cdn_operator_ats",
+        "Ats by status.phase (Unknown: not reconciled yet)",
+        "phase",
+        ats,
+        Phase::ALL.map(Phase::as_str),
+        |a| a.status.as_ref().and_then(|s| s.phase).map(Phase::as_str),
+    );
+}
+
+/// A gauge family counting the cached objects by `key`: every value of `all` is always present
+/// (at 0 when no object has it), objects without a value count as `Unknown`.
+fn register_count_by<K, const N: usize>(
+    metrics: &Metrics,
+    name: &str,
+    help: &str,
+    label: &'static str,
+    store: Store<K>,
+    all: [&'static str; N],
+    key: fn(&K) -> Option<&'static str>,
+) where
+    K: Resource + Clone + Send + Sync + 'static,
+    K::DynamicType: Eq + Hash + Clone + Send + Sync,
+{
+    metrics.register_gauge_fn(name, help, label, move || {
+        let keys: Vec<Option<&str>> = store.state().iter().map(|o| key(o)).collect();
+        let count = |k: Option<&str>| keys.iter().filter(|x| **x == k).count() as i64;
+        all.iter()
+            .map(|v| (v.to_string(), count(Some(v))))
+            .chain([("Unknown".to_string(), count(None))])
+            .collect()
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::runtime::reflector;
+    use kube::runtime::watcher;
+
+    #[test]
+    fn domain_gauges_count_the_cache_by_state_and_phase() {
+        let metrics = Metrics::new();
+        let (clusters, mut cluster_writer) = reflector::store::<CdnCluster>();
+        let (ats, mut at_writer) = reflector::store::<At>();
+        register_cdncluster_gauges(&metrics, clusters);
+        register_at_gauges(&metrics, ats);
+        let cluster = |name: &str, state: Option<&str>| -> CdnCluster {
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "cluster.anevia.com/v1", "kind": "CdnCluster",
+                "metadata": {"name": name, "namespace": "n"},
+                "spec": {"role": "cache", "sources": []},
+                "status": state.map(|s| serde_json::json!({"state": s})),
+            }))
+            .unwrap()
+        };
+        for c in [
+            cluster("a", Some("Running")),
+            cluster("b", Some("Running")),
+            cluster("c", None),
+        ] {
+            cluster_writer.apply_watcher_event(&watcher::Event::Apply(c));
+        }
+        let at: At = serde_json::from_value(serde_json::json!({
+            "apiVersion": "cnat.programming-kubernetes.info/v1alpha1", "kind": "At",
+            "metadata": {"name": "x", "namespace": "n"},
+            "spec": {"schedule": "2020-01-01T00:00:00Z", "command": "echo YAY"},
+            "status": {"phase": "DONE"},
+        }))
+        .unwrap();
+        at_writer.apply_watcher_event(&watcher::Event::Apply(at));
+        let text = metrics.encode();
+        for line in [
+            "cdn_operator_cdnclusters{state=\"Running\"} 2",
+            "cdn_operator_cdnclusters{state=\"Unknown\"} 1",
+            "cdn_operator_cdnclusters{state=\"WaitingSource\"} 0",
+            "cdn_operator_cdnclusters{state=\"Deploying\"} 0",
+            "cdn_operator_cdnclusters{state=\"Invalid\"} 0",
+            "cdn_operator_ats{phase=\"DONE\"} 1",
+            "cdn_operator_ats{phase=\"PENDING\"} 0",
+            "cdn_operator_ats{phase=\"RUNNING\"} 0",
+            "cdn_operator_ats{phase=\"Unknown\"} 0",
+        ] {
+            assert!(
+                text.lines().any(|l| l == line),
+                "missing `{line}` in:\n{text}"
+            );
+        }
+    }
 }
