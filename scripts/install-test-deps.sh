@@ -19,5 +19,12 @@ fi
 
 # The OTLP receiver the tracing test starts (../shared/tools/otlp_receiver.py).
 if ! python3 -c 'import grpc, opentelemetry.proto' >/dev/null 2>&1; then
-  python3 -m pip install -q opentelemetry-proto grpcio
+  if ! python3 -m pip --version >/dev/null 2>&1; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends python3-pip >/dev/null
+  fi
+  # Debian's own python3 refuses system-wide installs (PEP 668) unless told otherwise.
+  python3 -m pip install -q opentelemetry-proto grpcio 2>/dev/null \
+    || python3 -m pip install -q --break-system-packages opentelemetry-proto grpcio
 fi

@@ -33,6 +33,7 @@ struct FakeState {
     status_delay: Duration,
     status_writes_started: usize,
     status_writes_done: usize,
+    user_agents: std::collections::BTreeSet<String>,
 }
 
 type Shared = Arc<Mutex<FakeState>>;
@@ -73,7 +74,16 @@ fn not_found(what: &str) -> Response {
     )
 }
 
-async fn handle(State(state): State<Shared>, method: Method, uri: Uri, body: Bytes) -> Response {
+async fn handle(
+    State(state): State<Shared>,
+    method: Method,
+    uri: Uri,
+    headers: axum::http::HeaderMap,
+    body: Bytes,
+) -> Response {
+    if let Some(agent) = headers.get("user-agent").and_then(|v| v.to_str().ok()) {
+        state.lock().unwrap().user_agents.insert(agent.to_string());
+    }
     let path = uri.path().to_string();
     let query = uri.query().unwrap_or("").to_string();
     let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
@@ -589,6 +599,12 @@ fn leader_serves_probes_and_metrics_then_releases_the_lease_and_exits_0_on_sigte
         "a clean exit prints nothing on stderr"
     );
     let state = api.state.lock().unwrap();
+    let version = env!("CARGO_PKG_VERSION");
+    assert_eq!(
+        state.user_agents.iter().cloned().collect::<Vec<_>>(),
+        vec![format!("cdn-operator/{version}")],
+        "every request, the lease's included, names the operator"
+    );
     let lease = state.lease.as_ref().expect("the lease was created");
     assert_eq!(lease["spec"]["holderIdentity"], "", "released: {lease}");
     assert_eq!(lease["spec"]["leaseDurationSeconds"], 1);
