@@ -977,3 +977,60 @@ fn sigterm_abandons_a_reconcile_that_outlasts_the_shutdown_timeout_and_exits_0()
         operator.stdout()
     );
 }
+
+#[test]
+fn a_standby_takes_over_a_released_lease_and_reconciles_everything() {
+    let api = FakeApi::start(FakeState {
+        clusters: vec![cluster("origin")],
+        foreign_holder: Some("pod-b".into()),
+        ..FakeState::default()
+    });
+    // The default 2 s retry period: the takeover must not wait for it.
+    let mut operator = Operator::start(
+        &api.kubeconfig,
+        &[
+            "--leader-election-namespace=ops",
+            "--leader-election-identity=pod-a",
+        ],
+        &[],
+    )
+    .serving();
+    operator.wait_for("ready on standby", Duration::from_secs(30), |o| {
+        o.get(o.probes, "/readyz")
+            .is_some_and(|(status, _, _)| status == 200)
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(sample(&operator.scrape(), RECONCILED), Some(0.0));
+
+    // pod-b shuts down gracefully and releases the lease the way the library does.
+    let released = Instant::now();
+    {
+        let mut s = api.state.lock().unwrap();
+        s.foreign_holder = None;
+        let lease = s.lease.as_mut().unwrap();
+        lease["spec"]["holderIdentity"] = json!("");
+        lease["spec"]["leaseDurationSeconds"] = json!(1);
+        lease["spec"]["renewTime"] = json!(now());
+    }
+    operator.wait_for("leading and reconciled", Duration::from_secs(10), |o| {
+        let text = o.scrape();
+        has_line(
+            &text,
+            &format!("leader_election_master_status{{name=\"{LEASE}\"}} 1"),
+        ) && sample(&text, RECONCILED) == Some(1.0)
+    });
+    // Released lease expiry (1 s) + at most one retry period (2 s) + the reconcile.
+    assert!(
+        released.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        released.elapsed()
+    );
+    assert!(api.requests().iter().any(|r| r.starts_with(
+        "PATCH /apis/cluster.anevia.com/v1/namespaces/default/cdnclusters/origin/status"
+    )));
+    let lease = api.state.lock().unwrap().lease.clone().unwrap();
+    assert_eq!(lease["spec"]["holderIdentity"], "pod-a", "{lease}");
+
+    operator.signal("TERM");
+    assert_eq!(operator.wait_exit(Duration::from_secs(10)).code(), Some(0));
+}
