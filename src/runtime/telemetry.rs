@@ -47,6 +47,8 @@ pub struct Otlp {
     pub endpoint: String,
     pub service_name: String,
     pub timeout: Duration,
+    /// For `https://`: a PEM file of the CA(s) to trust instead of the system's.
+    pub certificate: Option<std::path::PathBuf>,
 }
 
 impl Otlp {
@@ -75,9 +77,9 @@ impl Otlp {
         };
         let url = url::Url::parse(&endpoint)
             .map_err(|e| format!("OTLP endpoint `{endpoint}` is not a URL: {e}"))?;
-        if url.scheme() != "http" {
+        if url.scheme() != "http" && url.scheme() != "https" {
             return Err(format!(
-                "OTLP endpoint `{endpoint}`: only http:// is supported (send to a collector agent on the node or in the pod)"
+                "OTLP endpoint `{endpoint}` must be an http:// or https:// URL"
             ));
         }
         let protocol = var("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
@@ -96,7 +98,11 @@ impl Otlp {
                 format!("OTEL_EXPORTER_OTLP_TIMEOUT `{ms}` is not a number of milliseconds")
             })?),
         };
+        let certificate = var("OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE")
+            .or_else(|| var("OTEL_EXPORTER_OTLP_CERTIFICATE"))
+            .map(std::path::PathBuf::from);
         Ok(Some(Otlp {
+            certificate,
             endpoint,
             service_name: var("OTEL_SERVICE_NAME").unwrap_or_else(|| crate::FIELD_MANAGER.into()),
             timeout,
@@ -186,7 +192,7 @@ where
     S: Subscriber + for<'a> LookupSpan<'a> + Send + Sync,
 {
     use opentelemetry_otlp::{WithExportConfig, WithHttpConfig};
-    let client = opentelemetry_http::hyper::HyperClient::with_default_connector(otlp.timeout, None);
+    let client = opentelemetry_http::hyper::HyperClient::new(connector(otlp)?, otlp.timeout, None);
     let exporter = opentelemetry_otlp::SpanExporter::builder()
         .with_http()
         .with_http_client(client)
@@ -230,6 +236,43 @@ where
         .with_tracer(tracer)
         .with_filter(filter);
     Ok((layer, provider))
+}
+
+/// The connection to the collector: TLS (trusting the system's CAs, or only those of
+/// `certificate`) for `https://`, plain TCP for `http://`.
+fn connector(
+    otlp: &Otlp,
+) -> Result<hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>, String>
+{
+    use rustls::pki_types::{pem::PemObject, CertificateDer};
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let builder = hyper_rustls::HttpsConnectorBuilder::new();
+    let builder = match &otlp.certificate {
+        None => builder
+            .with_provider_and_native_roots(provider)
+            .map_err(|e| format!("cannot load the system's CA certificates for OTLP: {e}"))?,
+        Some(path) => {
+            let unreadable = |e: &dyn std::fmt::Display| {
+                format!("OTEL_EXPORTER_OTLP_CERTIFICATE `{}`: {e}", path.display())
+            };
+            let mut roots = rustls::RootCertStore::empty();
+            for cert in CertificateDer::pem_file_iter(path).map_err(|e| unreadable(&e))? {
+                roots
+                    .add(cert.map_err(|e| unreadable(&e))?)
+                    .map_err(|e| unreadable(&e))?;
+            }
+            if roots.is_empty() {
+                return Err(unreadable(&"no certificate in the file"));
+            }
+            let config = rustls::ClientConfig::builder_with_provider(provider)
+                .with_safe_default_protocol_versions()
+                .map_err(|e| unreadable(&e))?
+                .with_root_certificates(roots)
+                .with_no_client_auth();
+            builder.with_tls_config(config)
+        }
+    };
+    Ok(builder.https_or_http().enable_http1().build())
 }
 
 /// The trace id for a span: the OpenTelemetry one when traces are exported, a fresh random one
@@ -424,10 +467,10 @@ mod tests {
         assert!(Otlp::from_env(env(&grpc))
             .unwrap_err()
             .contains("`grpc` is not supported"));
-        let tls = [("OTEL_EXPORTER_OTLP_ENDPOINT", "https://c:4318")];
-        assert!(Otlp::from_env(env(&tls))
+        let ftp = [("OTEL_EXPORTER_OTLP_ENDPOINT", "ftp://c:4318")];
+        assert!(Otlp::from_env(env(&ftp))
             .unwrap_err()
-            .contains("only http://"));
+            .contains("http:// or https://"));
         let bad = [("OTEL_EXPORTER_OTLP_ENDPOINT", "not a url")];
         assert!(Otlp::from_env(env(&bad)).unwrap_err().contains("not a URL"));
         let timeout = [
@@ -437,6 +480,46 @@ mod tests {
         assert!(Otlp::from_env(env(&timeout))
             .unwrap_err()
             .contains("milliseconds"));
+    }
+
+    #[test]
+    fn https_trusts_the_system_or_the_given_ca() {
+        let tls = Otlp::from_env(env(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "https://collector:4318"),
+            ("OTEL_EXPORTER_OTLP_CERTIFICATE", "/etc/otel/ca.pem"),
+        ]))
+        .unwrap()
+        .unwrap();
+        assert_eq!(tls.certificate, Some("/etc/otel/ca.pem".into()));
+
+        let dir = tempfile::tempdir().unwrap();
+        let missing = Otlp {
+            certificate: Some(dir.path().join("missing.pem")),
+            ..tls.clone()
+        };
+        let Err(error) = connector(&missing) else {
+            panic!("a missing CA file must fail");
+        };
+        assert!(
+            error.starts_with("OTEL_EXPORTER_OTLP_CERTIFICATE `"),
+            "{error}"
+        );
+        let empty_file = dir.path().join("empty.pem");
+        std::fs::write(&empty_file, "not a certificate\n").unwrap();
+        let empty = Otlp {
+            certificate: Some(empty_file),
+            ..tls.clone()
+        };
+        assert!(connector(&empty).err().unwrap().contains("no certificate"));
+        // A real CA bundle, when the machine has one.
+        let bundle = std::path::Path::new("/etc/ssl/certs/ca-certificates.crt");
+        if bundle.exists() {
+            let system = Otlp {
+                certificate: Some(bundle.into()),
+                ..tls
+            };
+            assert!(connector(&system).is_ok());
+        }
     }
 
     #[derive(Clone, Default)]
