@@ -7,6 +7,8 @@ apt_packages=()
 command -v nginx >/dev/null 2>&1 || apt_packages+=(nginx-light)
 # promtool lints the /metrics exposition (Debian ships it in the prometheus package).
 command -v promtool >/dev/null 2>&1 || apt_packages+=(prometheus)
+# openssl makes the CA and certificate of the TLS tracing test.
+command -v openssl >/dev/null 2>&1 || apt_packages+=(openssl)
 
 if [ ${#apt_packages[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive

@@ -753,52 +753,8 @@ fn promtool_check_metrics(exposition: &str) {
 
 #[test]
 fn the_spans_of_a_reconcile_reach_an_otlp_receiver_with_their_parent_links() {
-    let receiver_script =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/tools/otlp_receiver.py");
-    assert!(
-        receiver_script.exists(),
-        "{} is missing",
-        receiver_script.display()
-    );
-    let dir = tempfile::tempdir().unwrap();
-    let spans_file = dir.path().join("spans.jsonl");
-    let (grpc, http) = (free_port(), free_port());
-    let mut receiver = Command::new("python3")
-        .arg(&receiver_script)
-        .args([
-            "--grpc",
-            &format!("127.0.0.1:{grpc}"),
-            "--http",
-            &format!("127.0.0.1:{http}"),
-        ])
-        .arg("--out")
-        .arg(&spans_file)
-        .args(["--max-seconds", "120"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("python3 runs the OTLP receiver");
-    struct KillOnDrop(Child);
-    impl Drop for KillOnDrop {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let mut first = String::new();
-    BufReader::new(receiver.stdout.take().unwrap())
-        .read_line(&mut first)
-        .unwrap();
-    let mut receiver = KillOnDrop(receiver);
-    assert!(
-        first.starts_with("listening"),
-        "the receiver did not start ({first}); stderr: {}",
-        {
-            let mut e = String::new();
-            let _ = receiver.0.stderr.take().unwrap().read_to_string(&mut e);
-            e
-        }
-    );
+    let receiver = Receiver::start();
+    let http = receiver.http;
 
     let api = FakeApi::start(FakeState {
         clusters: vec![cluster("origin")],
@@ -826,20 +782,7 @@ fn the_spans_of_a_reconcile_reach_an_otlp_receiver_with_their_parent_links() {
     assert_eq!(status.code(), Some(0), "stderr:\n{}", operator.stderr());
 
     // Flushed at shutdown: the spans are there once the process has exited.
-    let start = Instant::now();
-    let spans: Vec<Value> = loop {
-        let text = std::fs::read_to_string(&spans_file).unwrap_or_default();
-        let spans: Vec<Value> = text
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect();
-        if spans.iter().any(|s| s["name"] == "reconcile")
-            || start.elapsed() > Duration::from_secs(5)
-        {
-            break spans;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let spans = receiver.spans_once("reconcile");
     let roots: Vec<&Value> = spans.iter().filter(|s| s["name"] == "reconcile").collect();
     assert_eq!(roots.len(), 1, "one reconcile, one root span: {spans:#?}");
     let root = roots[0];
@@ -905,6 +848,272 @@ fn the_spans_of_a_reconcile_reach_an_otlp_receiver_with_their_parent_links() {
         assert_eq!(line["controller"], "cdncluster", "{line}");
     }
     drop(receiver);
+}
+
+/// ../shared/tools/otlp_receiver.py on loopback; killed when dropped.
+struct Receiver {
+    child: Child,
+    http: u16,
+    spans: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Receiver {
+    fn start() -> Receiver {
+        let script =
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/tools/otlp_receiver.py");
+        assert!(script.exists(), "{} is missing", script.display());
+        let dir = tempfile::tempdir().unwrap();
+        let spans = dir.path().join("spans.jsonl");
+        let (grpc, http) = (free_port(), free_port());
+        let mut child = Command::new("python3")
+            .arg(&script)
+            .args(["--grpc", &format!("127.0.0.1:{grpc}")])
+            .args(["--http", &format!("127.0.0.1:{http}")])
+            .arg("--out")
+            .arg(&spans)
+            .args(["--max-seconds", "120"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("python3 runs the OTLP receiver");
+        let mut first = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut first)
+            .unwrap();
+        if !first.starts_with("listening") {
+            let mut error = String::new();
+            let _ = child.stderr.take().unwrap().read_to_string(&mut error);
+            let _ = child.kill();
+            panic!("the OTLP receiver did not start ({first}): {error} (scripts/install-test-deps.sh installs its modules)");
+        }
+        Receiver {
+            child,
+            http,
+            spans,
+            _dir: dir,
+        }
+    }
+
+    /// The spans received, waiting up to 5 s for one named `name`.
+    fn spans_once(&self, name: &str) -> Vec<Value> {
+        let start = Instant::now();
+        loop {
+            let text = std::fs::read_to_string(&self.spans).unwrap_or_default();
+            let spans: Vec<Value> = text
+                .lines()
+                .map(|l| serde_json::from_str(l).unwrap())
+                .collect();
+            if spans.iter().any(|s| s["name"] == name) || start.elapsed() > Duration::from_secs(5) {
+                return spans;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A TLS front for the receiver's HTTP port (a collector behind https), with a fresh CA.
+/// Returns the TLS port, the CA file and the forwarder process.
+fn tls_front(dir: &std::path::Path, target: u16) -> (u16, PathBuf, Child) {
+    let run = |args: &[&str]| {
+        let output = Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .expect("openssl (Debian package openssl) must be installed");
+        assert!(
+            output.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    };
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
+    run(&[
+        &["req", "-x509"][..],
+        &ec,
+        &[
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.pem",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=test-ca",
+            "-addext",
+            "basicConstraints=critical,CA:TRUE",
+            "-addext",
+            "keyUsage=critical,keyCertSign",
+        ],
+    ]
+    .concat());
+    run(&[
+        &["req"][..],
+        &ec,
+        &[
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+            "-subj",
+            "/CN=127.0.0.1",
+        ],
+    ]
+    .concat());
+    std::fs::write(
+        dir.join("server.ext"),
+        "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n",
+    )
+    .unwrap();
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "server.pem",
+        "-days",
+        "1",
+        "-extfile",
+        "server.ext",
+    ]);
+    let forwarder = r#"
+import socket, ssl, sys, threading
+target = int(sys.argv[1])
+ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+ctx.load_cert_chain("server.pem", "server.key")
+srv = socket.socket()
+srv.bind(("127.0.0.1", 0))
+srv.listen()
+print(srv.getsockname()[1], flush=True)
+def pipe(a, b):
+    try:
+        while True:
+            data = a.recv(65536)
+            if not data:
+                break
+            b.sendall(data)
+    except Exception:
+        pass
+    finally:
+        for s in (a, b):
+            try:
+                s.close()
+            except Exception:
+                pass
+def handle(conn):
+    try:
+        tls = ctx.wrap_socket(conn, server_side=True)
+    except Exception:
+        return
+    upstream = socket.create_connection(("127.0.0.1", target))
+    threading.Thread(target=pipe, args=(tls, upstream), daemon=True).start()
+    pipe(upstream, tls)
+while True:
+    conn, _ = srv.accept()
+    threading.Thread(target=handle, args=(conn,), daemon=True).start()
+"#;
+    let mut child = Command::new("python3")
+        .args(["-c", forwarder, &target.to_string()])
+        .current_dir(dir)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut port = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut port)
+        .unwrap();
+    (
+        port.trim().parse().expect("the TLS front prints its port"),
+        dir.join("ca.pem"),
+        child,
+    )
+}
+
+#[test]
+fn spans_reach_an_https_collector_verified_with_the_given_ca() {
+    let receiver = Receiver::start();
+    let dir = tempfile::tempdir().unwrap();
+    let (port, ca, front) = tls_front(dir.path(), receiver.http);
+    struct Kill(Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _front = Kill(front);
+    let api = FakeApi::start(FakeState {
+        clusters: vec![cluster("origin")],
+        ..FakeState::default()
+    });
+    let endpoint = format!("https://127.0.0.1:{port}");
+    let ca = ca.to_str().unwrap().to_string();
+    let mut operator = Operator::start(
+        &api.kubeconfig,
+        &["--leader-elect=false"],
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
+            ("OTEL_EXPORTER_OTLP_CERTIFICATE", &ca),
+        ],
+    )
+    .serving();
+    operator.wait_for("the CdnCluster reconciled", Duration::from_secs(30), |o| {
+        sample(&o.scrape(), RECONCILED) == Some(1.0)
+    });
+    operator.signal("TERM");
+    assert_eq!(operator.wait_exit(Duration::from_secs(15)).code(), Some(0));
+    let spans = receiver.spans_once("reconcile");
+    assert!(
+        spans
+            .iter()
+            .any(|s| s["name"] == "reconcile" && s["service.name"] == "cdn-operator"),
+        "over TLS: {spans:#?}\nlogs: {}",
+        operator.stdout()
+    );
+
+    // The same collector without its CA: the certificate is refused, nothing is delivered, and
+    // a failing export never fails the operator.
+    let before = spans.iter().filter(|s| s["name"] == "reconcile").count();
+    let mut untrusting = Operator::start(
+        &api.kubeconfig,
+        &["--leader-elect=false"],
+        &[("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint)],
+    )
+    .serving();
+    untrusting.wait_for("reconciled again", Duration::from_secs(30), |o| {
+        sample(&o.scrape(), RECONCILED) == Some(1.0)
+    });
+    untrusting.signal("TERM");
+    assert_eq!(
+        untrusting.wait_exit(Duration::from_secs(15)).code(),
+        Some(0)
+    );
+    // The operator has exited: whatever it could deliver, it has.
+    let after = std::fs::read_to_string(&receiver.spans)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains("\"name\": \"reconcile\""))
+        .count();
+    assert_eq!(after, before, "an untrusted collector receives nothing");
 }
 
 #[test]
