@@ -571,6 +571,12 @@ fn leader_serves_probes_and_metrics_then_releases_the_lease_and_exits_0_on_sigte
         );
     }
     promtool_check_metrics(&classic);
+    eprintln!(
+        "measured: resident memory {:?} bytes, CPU {:?} s, open fds {:?} after start-up and one reconcile",
+        sample(&classic, "process_resident_memory_bytes"),
+        sample(&classic, "process_cpu_seconds_total"),
+        sample(&classic, "process_open_fds"),
+    );
 
     // The reconcile wrote through the one apply path: children, then the status.
     let requests = api.requests();
@@ -589,6 +595,10 @@ fn leader_serves_probes_and_metrics_then_releases_the_lease_and_exits_0_on_sigte
     let started = Instant::now();
     let status = operator.wait_exit(Duration::from_secs(10));
     assert_eq!(status.code(), Some(0), "stderr:\n{}", operator.stderr());
+    eprintln!(
+        "measured: SIGTERM to exit as leader (release included) {:?}",
+        started.elapsed()
+    );
     assert!(
         started.elapsed() < Duration::from_secs(6),
         "within the shutdown timeout"
@@ -1228,6 +1238,7 @@ fn a_standby_takes_over_a_released_lease_and_reconciles_everything() {
             &format!("leader_election_master_status{{name=\"{LEASE}\"}} 1"),
         ) && sample(&text, RECONCILED) == Some(1.0)
     });
+    eprintln!("measured: takeover after release {:?}", released.elapsed());
     // Released lease expiry (1 s) + at most one retry period (2 s) + the reconcile.
     assert!(
         released.elapsed() < Duration::from_secs(3),
