@@ -1239,9 +1239,9 @@ fn a_standby_takes_over_a_released_lease_and_reconciles_everything() {
         ) && sample(&text, RECONCILED) == Some(1.0)
     });
     eprintln!("measured: takeover after release {:?}", released.elapsed());
-    // Released lease expiry (1 s) + at most one retry period (2 s) + the reconcile.
+    // At most one retry period (2 s) + the reconcile, with slack for a loaded machine.
     assert!(
-        released.elapsed() < Duration::from_secs(3),
+        released.elapsed() < Duration::from_secs(4),
         "{:?}",
         released.elapsed()
     );
