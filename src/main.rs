@@ -24,7 +24,13 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         // Help and version go to stdout as clap writes them; a usage error is one line on
         // stderr (clap's first), and exit code 2 as clap's.
-        Err(error) if !error.use_stderr() => error.exit(),
+        Err(error)
+            if !error.use_stderr()
+                || error.kind()
+                    == clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand =>
+        {
+            error.exit()
+        }
         Err(error) => {
             let text = error.to_string();
             let first = text.lines().next().unwrap_or("invalid arguments");
