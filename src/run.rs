@@ -169,10 +169,20 @@ pub fn main(args: Args) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            eprintln!("cdn-operator: {error}");
+            eprintln!("cdn-operator: {}", one_line(&error));
             ExitCode::FAILURE
         }
     }
+}
+
+/// Some errors (a YAML parser's, with its source snippet) span lines: the fatal message is one.
+fn one_line(message: &str) -> String {
+    message
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 async fn telemetry_shutdown(telemetry: Telemetry) {

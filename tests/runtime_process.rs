@@ -711,6 +711,21 @@ fn an_unreachable_api_server_is_one_line_and_exit_1() {
 }
 
 #[test]
+fn a_broken_kubeconfig_is_one_line_and_exit_1() {
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(&kubeconfig, "clusters: [\n").unwrap();
+    let mut operator = Operator::start(&kubeconfig, &["--leader-elect=false"], &[]);
+    assert_eq!(operator.wait_exit(Duration::from_secs(20)).code(), Some(1));
+    let stderr = operator.stderr();
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.starts_with("cdn-operator: cannot configure a Kubernetes client: "),
+        "{stderr}"
+    );
+}
+
+#[test]
 fn bad_flags_are_one_line_and_non_zero() {
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = kubeconfig(&dir, free_port());
