@@ -147,10 +147,6 @@ impl Args {
 
 /// Runs the operator; any failure is one line on stderr and a non-zero exit.
 pub fn main(args: Args) -> ExitCode {
-    // kube is built with ring, but another crate in the graph (in test builds, the fake
-    // client's jsonschema) may enable aws-lc-rs too; rustls then refuses to pick one and
-    // panics. The process chooses explicitly. An Err means one is already installed: fine.
-    let _ = rustls::crypto::ring::default_provider().install_default();
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(error) => {
@@ -263,7 +259,10 @@ pub async fn run(args: Args) -> Result<(), String> {
     register_cdncluster_gauges(&metrics, ctx.clusters.clone());
     let ready = {
         let ctx = ctx.clone();
-        async move { ctx.wait_until_ready().await }
+        until_ready(move || {
+            let ctx = ctx.clone();
+            async move { ctx.wait_until_ready().await }
+        })
     };
     let cdnclusters = glue.controller(
         cdncluster::CONTROLLER,
@@ -334,6 +333,20 @@ pub async fn run(args: Args) -> Result<(), String> {
     }
     servers_stop.trigger();
     Ok(())
+}
+
+/// Waits for a cache readiness future made by `make`. kube's store readiness wakes only the last
+/// task that polled it, and kube's controller polls its main store's too, so a single waiter can
+/// sleep forever (seen: a standby never reported ready). A fresh poll after the caches listed
+/// sees it at once, so polling again every 100 ms cannot miss it.
+async fn until_ready<F>(make: impl Fn() -> F)
+where
+    F: Future<Output = ()>,
+{
+    while tokio::time::timeout(Duration::from_millis(100), make())
+        .await
+        .is_err()
+    {}
 }
 
 /// A client, checked by one request so an unreachable API server fails at start.
