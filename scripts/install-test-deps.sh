@@ -5,6 +5,10 @@ set -euo pipefail
 
 apt_packages=()
 command -v nginx >/dev/null 2>&1 || apt_packages+=(nginx-light)
+# promtool lints the /metrics exposition (Debian ships it in the prometheus package).
+command -v promtool >/dev/null 2>&1 || apt_packages+=(prometheus)
+# openssl makes the CA and certificate of the TLS tracing test.
+command -v openssl >/dev/null 2>&1 || apt_packages+=(openssl)
 
 if [ ${#apt_packages[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
@@ -17,3 +21,15 @@ fi
 
 # The offline CRD validator of ../shared/tools needs these.
 python3 -c 'import jsonschema, yaml' >/dev/null 2>&1 || python3 -m pip install -q jsonschema pyyaml
+
+# The OTLP receiver the tracing test starts (../shared/tools/otlp_receiver.py).
+if ! python3 -c 'import grpc, opentelemetry.proto' >/dev/null 2>&1; then
+  if ! python3 -m pip --version >/dev/null 2>&1; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends python3-pip >/dev/null
+  fi
+  # Debian's own python3 refuses system-wide installs (PEP 668) unless told otherwise.
+  python3 -m pip install -q opentelemetry-proto grpcio 2>/dev/null \
+    || python3 -m pip install -q --break-system-packages opentelemetry-proto grpcio
+fi

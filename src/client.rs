@@ -17,6 +17,10 @@ pub fn identify(config: &mut Config) {
 
 /// A client for the cluster of `KUBECONFIG` (or `~/.kube/config`), or the in-cluster config.
 pub async fn connect() -> Result<Client, kube::Error> {
+    // kube is built with ring, but another crate in the graph (in test builds, the fake
+    // client's jsonschema) may enable aws-lc-rs too; rustls then refuses to pick one and
+    // panics. Choose explicitly; an Err means a provider is already installed, which is fine.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let mut config = Config::infer().await.map_err(kube::Error::InferConfig)?;
     identify(&mut config);
     Client::try_from(config)

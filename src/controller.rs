@@ -10,6 +10,7 @@ use kube::{Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use std::collections::HashMap;
 use std::fmt::Debug;
+use std::future::Future;
 use std::hash::Hash;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -191,5 +192,54 @@ impl Leadership {
                 }
             }
         })
+    }
+}
+
+/// Whether a controller's caches have all listed once, for any number of waiters.
+///
+/// kube's `Store::wait_until_ready` wakes only the last task that polled it (a oneshot keeps one
+/// waker), and kube's own controller polls it too: many reconciles waiting on it directly could
+/// sleep forever. One task polls the stores again every 100 ms until they are ready, then this
+/// gate releases every waiter.
+#[derive(Clone)]
+pub struct CachesReady {
+    rx: watch::Receiver<bool>,
+}
+
+impl CachesReady {
+    /// Open from the start (tests, caches filled by hand).
+    pub fn already() -> Self {
+        CachesReady {
+            rx: watch::Sender::new(true).subscribe(),
+        }
+    }
+
+    /// Opens once `stores_ready()` completes; must be called inside the tokio runtime.
+    pub fn after<F, Fut>(stores_ready: F) -> Self
+    where
+        F: Fn() -> Fut + Send + 'static,
+        Fut: Future<Output = ()> + Send,
+    {
+        let tx = watch::Sender::new(false);
+        let rx = tx.subscribe();
+        tokio::spawn(async move {
+            while tokio::time::timeout(Duration::from_millis(100), stores_ready())
+                .await
+                .is_err()
+            {}
+            tx.send_replace(true);
+        });
+        CachesReady { rx }
+    }
+
+    pub fn is_ready(&self) -> bool {
+        *self.rx.borrow()
+    }
+
+    /// Waits until the caches have listed once.
+    pub async fn wait(&self) {
+        let mut rx = self.rx.clone();
+        // An error means the poller is gone without opening: the runtime is shutting down.
+        let _ = rx.wait_for(|ready| *ready).await;
     }
 }

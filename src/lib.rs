@@ -9,6 +9,7 @@ pub mod client;
 pub mod conditions;
 pub mod controller;
 pub mod run;
+pub mod runtime;
 
 pub use apply::FIELD_MANAGER;
 

@@ -12,7 +12,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the controllers against the cluster of KUBECONFIG, or the in-cluster config.
-    Run(cdn_operator::run::Args),
+    Run(Box<cdn_operator::run::Args>),
     /// Print the CustomResourceDefinitions as YAML, generated from the code.
     Crd,
     /// Print the version.
@@ -20,7 +20,24 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        // Help and version go to stdout as clap writes them; a usage error is one line on
+        // stderr (clap's first), and exit code 2 as clap's.
+        Err(error)
+            if !error.use_stderr()
+                || error.kind()
+                    == clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand =>
+        {
+            error.exit()
+        }
+        Err(error) => {
+            let text = error.to_string();
+            let first = text.lines().next().unwrap_or("invalid arguments");
+            eprintln!("cdn-operator: {}", first.trim_start_matches("error: "));
+            return ExitCode::from(2);
+        }
+    };
     match cli.command {
         Command::Crd => {
             print!("{}", cdn_operator::api::crds_yaml());
@@ -30,6 +47,6 @@ fn main() -> ExitCode {
             println!("cdn-operator {}", cdn_operator::VERSION);
             ExitCode::SUCCESS
         }
-        Command::Run(args) => cdn_operator::run::main(args),
+        Command::Run(args) => cdn_operator::run::main(*args),
     }
 }

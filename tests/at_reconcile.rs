@@ -7,7 +7,7 @@
 
 use cdn_operator::api::{At, AtSpec, Outcome, Phase};
 use cdn_operator::at::{self, build, status, Clock, Context};
-use cdn_operator::controller::{Backoff, Events, Leadership};
+use cdn_operator::controller::{Backoff, CachesReady, Events, Leadership};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -172,6 +172,7 @@ impl Harness {
             ats: at_store,
             pods: pod_store,
             backoff: Backoff::default(),
+            ready: CachesReady::already(),
             clock: clock.clone(),
         });
         let mut harness = Harness {

@@ -6,7 +6,7 @@
 
 use cdn_operator::api::{CdnCluster, CdnClusterSpec, Role, Source, State};
 use cdn_operator::cdncluster::{self, build, Context};
-use cdn_operator::controller::{Backoff, Events, Leadership};
+use cdn_operator::controller::{Backoff, CachesReady, Events, Leadership};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use k8s_openapi::api::events::v1::Event;
@@ -48,6 +48,8 @@ mod gvk {
 /// The in-memory API, with a log of every write request sent to it.
 struct Cluster {
     client: Client,
+    /// One recorder for the whole test, as the operator has: it folds repeated Events.
+    events: Events,
     writes: Arc<Mutex<Vec<String>>>,
     /// A write to fail, by "verb kind name" prefix, to exercise errors.
     fail: Arc<Mutex<Option<String>>>,
@@ -119,8 +121,10 @@ impl Cluster {
             .build()
             .await
             .expect("fake client");
+        let events = Events::new(client.clone(), Some("test".into()));
         Cluster {
             client,
+            events,
             writes,
             fail,
         }
@@ -215,13 +219,14 @@ impl Cluster {
     async fn context(&self) -> Arc<Context> {
         Arc::new(Context {
             client: self.client.clone(),
-            events: Events::new(self.client.clone(), Some("test".into())),
+            events: self.events.clone(),
             leadership: Leadership::always(),
             clusters: self.store().await,
             deployments: self.store().await,
             config_maps: self.store().await,
             services: self.store().await,
             backoff: Backoff::default(),
+            ready: CachesReady::already(),
         })
     }
 

@@ -200,8 +200,18 @@ fn expected_cluster_grants() -> BTreeSet<Grant> {
 fn expected_lease_grants() -> BTreeSet<Grant> {
     [
         grant("coordination.k8s.io", "leases", "", "create"),
-        grant("coordination.k8s.io", "leases", "cdn-operator-leader", "get"),
-        grant("coordination.k8s.io", "leases", "cdn-operator-leader", "patch"),
+        grant(
+            "coordination.k8s.io",
+            "leases",
+            "cdn-operator-leader",
+            "get",
+        ),
+        grant(
+            "coordination.k8s.io",
+            "leases",
+            "cdn-operator-leader",
+            "patch",
+        ),
     ]
     .into()
 }

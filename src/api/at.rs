@@ -114,3 +114,14 @@ pub enum Outcome {
     /// The command exited non-zero, or its pod was lost.
     Failed,
 }
+
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Succeeded => "Succeeded",
+            Outcome::Failed => "Failed",
+        }
+    }
+
+    pub const ALL: [Outcome; 2] = [Outcome::Succeeded, Outcome::Failed];
+}

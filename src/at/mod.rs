@@ -26,7 +26,7 @@ pub mod status;
 
 use crate::api::At;
 use crate::apply;
-use crate::controller::{self, Backoff, Error, Events, Leadership, Scope};
+use crate::controller::{self, Backoff, CachesReady, Error, Events, Leadership, Scope};
 use futures::StreamExt;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
@@ -42,6 +42,8 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 
 /// The controller's name in metrics, logs and traces.
 pub const CONTROLLER: &str = "at";
+/// The janitor's name in metrics, logs and traces: it releases the pods of deleted Ats.
+pub const JANITOR: &str = "at-pod";
 
 /// The time, injected so tests control it.
 pub trait Clock: Send + Sync {
@@ -67,13 +69,15 @@ pub struct Context {
     pub pods: Store<Pod>,
     pub backoff: Backoff,
     pub clock: Arc<dyn Clock>,
+    /// Open once both caches have listed.
+    pub ready: CachesReady,
 }
 
 impl Context {
     /// Waits until both caches have listed their objects once: a pod missing from a cache that
     /// is not ready yet is not a pod that does not exist.
     pub async fn wait_until_ready(&self) {
-        let _ = futures::join!(self.ats.wait_until_ready(), self.pods.wait_until_ready());
+        self.ready.wait().await
     }
 
     fn pod_of(&self, at: &At) -> Option<Arc<Pod>> {
@@ -131,6 +135,15 @@ pub fn controller(
     .reconcile_all_on(leadership.acquired())
     .with_config(config);
 
+    let ready = {
+        let stores = (ats.clone(), pods.clone());
+        CachesReady::after(move || {
+            let (ats, pods) = stores.clone();
+            async move {
+                let _ = futures::join!(ats.wait_until_ready(), pods.wait_until_ready());
+            }
+        })
+    };
     let context = Arc::new(Context {
         client,
         events,
@@ -139,6 +152,7 @@ pub fn controller(
         pods,
         backoff: Backoff::default(),
         clock: Arc::new(SystemClock),
+        ready,
     });
     (context, ats_controller, janitor)
 }

@@ -8,7 +8,7 @@ pub mod status;
 
 use crate::api::CdnCluster;
 use crate::apply::{self, APPLIED_HASH_ANNOTATION};
-use crate::controller::{self, Backoff, Error, Events, Leadership, Scope};
+use crate::controller::{self, Backoff, CachesReady, Error, Events, Leadership, Scope};
 use build::{Children, MANAGED_BY, MANAGED_BY_LABEL};
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
@@ -40,17 +40,15 @@ pub struct Context {
     pub config_maps: Store<ConfigMap>,
     pub services: Store<Service>,
     pub backoff: Backoff,
+    /// Open once every cache above has listed: before that, a child missing from its cache may
+    /// exist, and applying it would announce a creation that did not happen.
+    pub ready: CachesReady,
 }
 
 impl Context {
     /// Waits until every cache has listed its objects once.
     pub async fn wait_until_ready(&self) {
-        let _ = futures::join!(
-            self.clusters.wait_until_ready(),
-            self.deployments.wait_until_ready(),
-            self.config_maps.wait_until_ready(),
-            self.services.wait_until_ready(),
-        );
+        self.ready.wait().await
     }
 }
 
@@ -95,6 +93,25 @@ pub fn controller(
         .reconcile_all_on(leadership.acquired())
         .with_config(Config::default().concurrency(concurrency));
 
+    let ready = {
+        let stores = (
+            clusters.clone(),
+            deployments.clone(),
+            config_maps.clone(),
+            services.clone(),
+        );
+        CachesReady::after(move || {
+            let (a, b, c, d) = stores.clone();
+            async move {
+                let _ = futures::join!(
+                    a.wait_until_ready(),
+                    b.wait_until_ready(),
+                    c.wait_until_ready(),
+                    d.wait_until_ready()
+                );
+            }
+        })
+    };
     let context = Arc::new(Context {
         client,
         events,
@@ -104,6 +121,7 @@ pub fn controller(
         config_maps,
         services,
         backoff: Backoff::default(),
+        ready,
     });
     (context, controller)
 }
@@ -131,24 +149,30 @@ pub async fn reconcile(cluster: Arc<CdnCluster>, ctx: Arc<Context>) -> Result<Ac
     if !ctx.leadership.is_leader() {
         return Ok(Action::await_change());
     }
+    ctx.wait_until_ready().await;
     let namespace = cluster.namespace().unwrap_or_default();
     let name = cluster.name_any();
     let now = Time(jiff::Timestamp::now());
     let lookup = |source: &str| ctx.clusters.get(&ObjectRef::new(source).within(&namespace));
 
     let mut notices = Vec::new();
-    let status = match sources::resolve(&cluster, lookup) {
+    let resolved = sources::resolve(&cluster, lookup);
+    let status = match &resolved {
         Err(problem) => {
             tracing::info!(%namespace, %name, ?problem, "not deploying");
-            status::desired(&cluster, Observed::Problem(&problem), &now)
+            status::desired(&cluster, Observed::Problem(problem), &now)
         }
         Ok(upstreams) => {
-            let children = build::children(&cluster, &upstreams);
+            let children = build::children(&cluster, upstreams);
             let deployment = apply_children(&ctx, &namespace, children, &mut notices).await?;
             status::desired(&cluster, Observed::Deployed(deployment.as_ref()), &now)
         }
     };
-    notices.extend(status::notices(&cluster, &status));
+    let missing = match &resolved {
+        Err(sources::Problem::Missing(names)) => names.first().map(String::as_str),
+        _ => None,
+    };
+    notices.extend(status::notices(&cluster, &status, missing));
 
     let api: Api<CdnCluster> = Api::namespaced(ctx.client.clone(), &namespace);
     apply::apply_status(&api, cluster.as_ref(), cluster.status.as_ref(), &status).await?;

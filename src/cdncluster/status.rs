@@ -6,7 +6,7 @@ use crate::conditions::{set_condition, ConditionStatus};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::ResourceExt;
+use kube::{Resource, ResourceExt};
 
 pub const READY: &str = "Ready";
 pub const SOURCES_READY: &str = "SourcesReady";
@@ -95,6 +95,17 @@ pub fn desired(cluster: &CdnCluster, observed: Observed<'_>, now: &Time) -> CdnC
     status
 }
 
+/// A reference to the CdnCluster `name`, which may not exist (yet).
+fn cluster_reference(name: &str, namespace: Option<String>) -> ObjectReference {
+    ObjectReference {
+        api_version: Some(CdnCluster::api_version(&()).into()),
+        kind: Some(CdnCluster::kind(&()).into()),
+        name: Some(name.into()),
+        namespace,
+        ..ObjectReference::default()
+    }
+}
+
 /// The seed's message for a missing source.
 pub fn source_not_found(name: &str) -> String {
     format!("Source {name} not found, will retry later")
@@ -158,8 +169,13 @@ impl Notice {
 }
 
 /// The Events the change from `cluster`'s current status to `next` deserves: one per transition,
-/// none when nothing changed.
-pub fn notices(cluster: &CdnCluster, next: &CdnClusterStatus) -> Vec<Notice> {
+/// none when nothing changed. `missing` is the source waited for, if any.
+pub fn notices(
+    cluster: &CdnCluster,
+    next: &CdnClusterStatus,
+    missing: Option<&str>,
+) -> Vec<Notice> {
+    let namespace = cluster.namespace();
     let previous = cluster.status.clone().unwrap_or_default();
     let before = |t: &str| crate::conditions::find(&previous.conditions, t);
     let after = |t: &str| crate::conditions::find(&next.conditions, t);
@@ -170,7 +186,13 @@ pub fn notices(cluster: &CdnCluster, next: &CdnClusterStatus) -> Vec<Notice> {
             if before(SOURCES_READY).map(|c| c.message.clone()) != msg
                 || previous.state != next.state
             {
-                out.push(Notice::normal("SourceNotFound", msg.unwrap_or_default()));
+                // Events are folded by reason and objects, not by message: naming the missing
+                // source keeps "cache-vod not found" apart from an earlier "cache-live not found".
+                let notice = Notice::normal("SourceNotFound", msg.unwrap_or_default());
+                out.push(match missing {
+                    Some(source) => notice.about(cluster_reference(source, namespace.clone())),
+                    None => notice,
+                });
             }
         }
         Some(State::Invalid) => {

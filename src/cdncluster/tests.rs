@@ -430,7 +430,7 @@ fn unchanged_status_keeps_transition_times_and_emits_nothing() {
     let missing = Problem::Missing(vec!["x".into()]);
     let first = status::desired(&c, Observed::Problem(&missing), &now());
     assert_eq!(first.state, Some(State::WaitingSource));
-    let notices = status::notices(&c, &first);
+    let notices = status::notices(&c, &first, Some("x"));
     assert_eq!(notices.len(), 1);
     assert_eq!(notices[0].reason, "SourceNotFound");
     assert_eq!(notices[0].message, "Source x not found, will retry later");
@@ -439,12 +439,12 @@ fn unchanged_status_keeps_transition_times_and_emits_nothing() {
     let later = Time("2026-11-22T11:00:00Z".parse().unwrap());
     let second = status::desired(&c, Observed::Problem(&missing), &later);
     assert_eq!(first, second, "same world, same status");
-    assert!(status::notices(&c, &second).is_empty());
+    assert!(status::notices(&c, &second, Some("x")).is_empty());
 
     // Another source missing now: a new Event.
     let other = Problem::Missing(vec!["y".into()]);
     let third = status::desired(&c, Observed::Problem(&other), &later);
-    let notices = status::notices(&c, &third);
+    let notices = status::notices(&c, &third, Some("y"));
     assert_eq!(notices[0].message, "Source y not found, will retry later");
 }
 
@@ -454,7 +454,7 @@ fn invalid_and_running_transitions_emit_one_event_each() {
     let invalid = Problem::Invalid("sources form a cycle: c → d → c".into());
     let s = status::desired(&c, Observed::Problem(&invalid), &now());
     assert_eq!(s.state, Some(State::Invalid));
-    let n = status::notices(&c, &s);
+    let n = status::notices(&c, &s, None);
     assert_eq!(
         (n.len(), n[0].reason, n[0].warning),
         (1, "InvalidSpec", true)
@@ -470,7 +470,7 @@ fn invalid_and_running_transitions_emit_one_event_each() {
         Observed::Deployed(Some(&deployment(1, 1, 1, 1))),
         &now(),
     );
-    let n = status::notices(&c, &s);
+    let n = status::notices(&c, &s, None);
     assert_eq!(n.iter().map(|n| n.reason).collect::<Vec<_>>(), ["Running"]);
 }
 

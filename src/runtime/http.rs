@@ -1,0 +1,236 @@
+//! The HTTP endpoints: probes (`/healthz`, `/readyz`) and `/metrics`, each server on its own
+//! address so the metrics port can be exposed (or protected) separately from the kubelet's
+//! probes. Checks are named and registered by the glue; this module knows no controller.
+
+use super::metrics::{self as exposition, Metrics};
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// Named liveness and readiness checks.
+#[derive(Clone, Default)]
+pub struct Health {
+    live: Arc<Mutex<BTreeMap<String, Arc<AtomicBool>>>>,
+    ready: Arc<Mutex<BTreeMap<String, Arc<AtomicBool>>>>,
+}
+
+impl Health {
+    /// A readiness check `name`, failing until `until` completes (e.g. caches synced). Spawns a
+    /// task: call inside a Tokio runtime.
+    pub fn ready_when(&self, name: &str, until: impl Future<Output = ()> + Send + 'static) {
+        let flag = register(&self.ready, name);
+        tokio::spawn(async move {
+            until.await;
+            flag.store(true, Ordering::SeqCst);
+        });
+    }
+
+    /// A liveness check `name`, passing while the returned guard lives. Hold it in the loop it
+    /// vouches for: when the loop ends (or panics) the guard drops and `/healthz` fails.
+    pub fn alive_while(&self, name: &str) -> AliveGuard {
+        let flag = register(&self.live, name);
+        flag.store(true, Ordering::SeqCst);
+        AliveGuard(flag)
+    }
+
+    pub fn is_ready(&self) -> bool {
+        report(&self.ready).0
+    }
+}
+
+fn register(checks: &Mutex<BTreeMap<String, Arc<AtomicBool>>>, name: &str) -> Arc<AtomicBool> {
+    let flag = Arc::new(AtomicBool::new(false));
+    checks
+        .lock()
+        .expect("health lock")
+        .insert(name.to_string(), flag.clone());
+    flag
+}
+
+/// Whether every check passes, and a Kubernetes-style report (`[+]name ok` / `[-]name failed`).
+fn report(checks: &Mutex<BTreeMap<String, Arc<AtomicBool>>>) -> (bool, String) {
+    let checks = checks.lock().expect("health lock");
+    let mut ok = true;
+    let mut text = String::new();
+    for (name, flag) in checks.iter() {
+        if flag.load(Ordering::SeqCst) {
+            text.push_str(&format!("[+]{name} ok\n"));
+        } else {
+            ok = false;
+            text.push_str(&format!("[-]{name} failed\n"));
+        }
+    }
+    text.push_str(if ok { "ok\n" } else { "not ok\n" });
+    (ok, text)
+}
+
+/// Marks a liveness check failed when dropped.
+pub struct AliveGuard(Arc<AtomicBool>);
+
+impl Drop for AliveGuard {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::SeqCst);
+    }
+}
+
+/// `/healthz` and `/readyz`.
+pub fn probes(health: Health) -> Router {
+    Router::new()
+        .route(
+            "/healthz",
+            get(|State(h): State<Health>| async move { answer(report(&h.live)) }),
+        )
+        .route(
+            "/readyz",
+            get(|State(h): State<Health>| async move { answer(report(&h.ready)) }),
+        )
+        .with_state(health)
+}
+
+fn answer((ok, text): (bool, String)) -> Response {
+    let status = if ok {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (
+        status,
+        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        text,
+    )
+        .into_response()
+}
+
+/// `/metrics`: OpenMetrics when the scraper asks for it (Prometheus does), else the classic
+/// Prometheus text format.
+pub fn metrics(metrics: Arc<Metrics>) -> Router {
+    Router::new()
+        .route(
+            "/metrics",
+            get(
+                |State(m): State<Arc<Metrics>>, headers: axum::http::HeaderMap| async move {
+                    let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
+                    let (content_type, body) = exposition::negotiate(&m, accept);
+                    ([(header::CONTENT_TYPE, content_type)], body).into_response()
+                },
+            ),
+        )
+        .with_state(metrics)
+}
+
+/// Serves `router` on `listener` until `stop` completes, then finishes the requests under way.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    stop: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router)
+        .with_graceful_shutdown(stop)
+        .await
+}
+
+/// Binds a listen address written as kubebuilder does: `:8080` (every interface),
+/// `127.0.0.1:8080`, `[::]:8080`; `0` disables the server (None).
+pub async fn bind(flag: &str, value: &str) -> Result<Option<tokio::net::TcpListener>, String> {
+    let Some(address) = parse_address(value).map_err(|e| format!("--{flag}: {e}"))? else {
+        return Ok(None);
+    };
+    tokio::net::TcpListener::bind(address)
+        .await
+        .map(Some)
+        .map_err(|e| format!("--{flag}: cannot listen on {address}: {e}"))
+}
+
+/// Parses a listen address (see [`bind`]).
+pub fn parse_address(value: &str) -> Result<Option<SocketAddr>, String> {
+    let value = value.trim();
+    if value == "0" {
+        return Ok(None);
+    }
+    let full = match value.strip_prefix(':') {
+        Some(port) => format!("0.0.0.0:{port}"),
+        None => value.to_string(),
+    };
+    full.parse::<SocketAddr>().map(Some).map_err(|_| {
+        format!("`{value}` is not a listen address like :8080, 127.0.0.1:8080 or [::]:8080 (0 disables)")
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_parse_like_kubebuilder_flags() {
+        assert_eq!(
+            parse_address(":8080"),
+            Ok(Some("0.0.0.0:8080".parse().unwrap()))
+        );
+        assert_eq!(
+            parse_address("127.0.0.1:9"),
+            Ok(Some("127.0.0.1:9".parse().unwrap()))
+        );
+        assert_eq!(
+            parse_address("[::]:8081"),
+            Ok(Some("[::]:8081".parse().unwrap()))
+        );
+        assert_eq!(parse_address("0"), Ok(None));
+        assert!(parse_address("8080")
+            .unwrap_err()
+            .contains("not a listen address"));
+        assert!(parse_address(":http").is_err());
+        assert!(parse_address("").is_err());
+    }
+
+    #[tokio::test]
+    async fn a_busy_port_is_a_clear_error() {
+        let taken = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = taken.local_addr().unwrap().to_string();
+        let error = bind("metrics-bind-address", &address).await.unwrap_err();
+        assert!(
+            error.starts_with("--metrics-bind-address: cannot listen on"),
+            "{error}"
+        );
+        assert!(bind("x", "0").await.unwrap().is_none());
+    }
+
+    #[tokio::test]
+    async fn reports_list_every_check() {
+        let health = Health::default();
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        health.ready_when("cache", async move {
+            let _ = rx.await;
+        });
+        health.ready_when("other", async {});
+        tokio::task::yield_now().await;
+        let (ok, text) = report(&health.ready);
+        assert!(!ok);
+        assert_eq!(text, "[-]cache failed\n[+]other ok\nnot ok\n");
+        tx.send(()).unwrap();
+        for _ in 0..100 {
+            if health.is_ready() {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        assert_eq!(
+            report(&health.ready),
+            (true, "[+]cache ok\n[+]other ok\nok\n".into())
+        );
+
+        let guard = health.alive_while("loop");
+        assert!(report(&health.live).0);
+        drop(guard);
+        assert_eq!(
+            report(&health.live),
+            (false, "[-]loop failed\nnot ok\n".into())
+        );
+    }
+}

@@ -1,0 +1,39 @@
+//! The production runtime around the controllers: leader election, probes and metrics over HTTP,
+//! traces and logs, shutdown. Nothing here knows CdnCluster or At; `crate::run` glues them.
+
+pub mod http;
+pub mod instrument;
+pub mod leader;
+pub mod metrics;
+pub mod process;
+pub mod shutdown;
+pub mod telemetry;
+
+/// Parses a duration flag the way Go and kubebuilder operators write them (`15s`, `500ms`,
+/// `1m30s`), also accepting ISO 8601 (`PT15S`). Negative durations are refused.
+pub fn parse_duration(value: &str) -> Result<std::time::Duration, String> {
+    let parsed: jiff::SignedDuration = value
+        .trim()
+        .parse()
+        .map_err(|e| format!("`{value}` is not a duration like 15s, 500ms or 1m30s ({e})"))?;
+    std::time::Duration::try_from(parsed).map_err(|_| format!("`{value}` is negative"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_duration;
+    use std::time::Duration;
+
+    #[test]
+    fn durations_parse_like_go_flags() {
+        assert_eq!(parse_duration("15s"), Ok(Duration::from_secs(15)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("1m30s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("PT2S"), Ok(Duration::from_secs(2)));
+        assert!(parse_duration("fifteen")
+            .unwrap_err()
+            .contains("not a duration"));
+        assert!(parse_duration("-1s").unwrap_err().contains("negative"));
+        assert!(parse_duration("").is_err());
+    }
+}
