@@ -33,9 +33,16 @@ pub fn say(line: &str) {
     let _ = writeln!(err, "{line}");
 }
 
-/// A client for the cluster of `KUBECONFIG` when one answers; otherwise one line saying why, and
-/// `None`, so the caller passes without testing anything.
+/// Selects rustls's ring provider for this process. Needed before any kube client exists: when
+/// both ring and aws-lc-rs are compiled in (test builds), rustls cannot choose by itself.
+pub fn crypto() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+/// A client for the cluster of `KUBECONFIG` when one answers; otherwise one line saying why
+/// (`<what> skipped: …`), and `None`, so the caller passes without testing anything.
 pub async fn connect(what: &str) -> Option<Client> {
+    crypto();
     let kubeconfig = std::env::var("KUBECONFIG").unwrap_or_else(|_| "unset".into());
     let attempt = async {
         let config = Config::infer().await.map_err(|e| e.to_string())?;
@@ -50,7 +57,7 @@ pub async fn connect(what: &str) -> Option<Client> {
         Ok(client) => Some(client),
         Err(error) => {
             say(&format!(
-                "e2e skipped ({what}): no reachable Kubernetes API (KUBECONFIG={kubeconfig}): {error}"
+                "{what} skipped: no reachable Kubernetes API (KUBECONFIG={kubeconfig}): {error}"
             ));
             None
         }
@@ -395,7 +402,7 @@ pub struct Env {
 impl Env {
     /// Connects (or skips: `None`), installs the CRDs and creates the test's namespace.
     pub async fn new(test: &str) -> Option<Env> {
-        let client = connect(test).await?;
+        let client = connect(&format!("e2e {test}")).await?;
         install_crds(&client).await;
         let suffix = format!(
             "{:x}",
@@ -612,4 +619,34 @@ pub fn fixture(path: &str) -> String {
         .join("fixtures")
         .join(path);
     std::fs::read_to_string(&full).unwrap_or_else(|e| panic!("{}: {e}", full.display()))
+}
+
+/// Deletes namespaces when dropped (a benchmark's, also when it fails).
+pub struct NamespaceGuard {
+    pub namespaces: Vec<String>,
+    /// Leave them in place (to inspect a run).
+    pub keep: bool,
+}
+
+impl Drop for NamespaceGuard {
+    fn drop(&mut self) {
+        if self.keep {
+            return;
+        }
+        let namespaces = std::mem::take(&mut self.namespaces);
+        let done = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("cleanup runtime");
+            runtime.block_on(async {
+                for ns in namespaces {
+                    if let Err(error) = cleanup(ns.clone(), Vec::new()).await {
+                        eprintln!("cleanup of {ns}: {error}");
+                    }
+                }
+            })
+        });
+        let _ = done.join();
+    }
 }
