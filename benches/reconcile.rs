@@ -60,7 +60,7 @@ const GROUP: usize = 10;
 fn cluster(i: usize) -> CdnCluster {
     let group = i / GROUP;
     let namespace = format!("bench-{}", group % NAMESPACES);
-    let (name, spec) = if i % GROUP == 0 {
+    let (name, spec) = if i.is_multiple_of(GROUP) {
         let sources = (1..GROUP)
             .map(|k| Source {
                 name: format!("c{group}-{k}"),

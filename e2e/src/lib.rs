@@ -488,20 +488,25 @@ impl Env {
         .await
     }
 
-    /// Creates a CdnCluster from its spec as JSON.
+    /// Creates a CdnCluster from its spec as raw JSON, sent as is (so a spec the types could not
+    /// hold reaches the API server's validation).
     pub async fn create_cluster(
         &self,
         name: &str,
         spec: serde_json::Value,
     ) -> Result<CdnCluster, kube::Error> {
-        let object: CdnCluster = serde_json::from_value(json!({
+        let object: DynamicObject = serde_json::from_value(json!({
             "apiVersion": "cluster.anevia.com/v1", "kind": "CdnCluster",
             "metadata": {"name": name}, "spec": spec,
         }))
-        .expect("a CdnCluster");
-        self.api::<CdnCluster>()
-            .create(&PostParams::default(), &object)
-            .await
+        .expect("a JSON object");
+        let resource = kube::core::ApiResource::erase::<CdnCluster>(&());
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(self.client.clone(), &self.ns, &resource);
+        let created = api.create(&PostParams::default(), &object).await?;
+        Ok(created
+            .try_parse::<CdnCluster>()
+            .expect("the API server returns a CdnCluster"))
     }
 
     /// The Events the operator published in the namespace, oldest first, as
@@ -533,6 +538,23 @@ impl Env {
                 )
             })
             .collect()
+    }
+
+    /// How many times the operator reported `reason` about `name`: kube's Recorder folds a
+    /// repeated Event (same type, reason, action, object and related object; the note is not
+    /// compared) into one Event with `series.count`.
+    pub async fn event_count(&self, name: &str, reason: &str) -> i32 {
+        self.api::<Event>()
+            .list(&ListParams::default())
+            .await
+            .expect("listing Events")
+            .items
+            .iter()
+            .filter(|e| e.reporting_controller.as_deref() == Some(cdn_operator::FIELD_MANAGER))
+            .filter(|e| e.reason.as_deref() == Some(reason))
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+            .map(|e| e.series.as_ref().map_or(1, |s| s.count))
+            .sum()
     }
 
     /// The operators' logs, for a failure message.

@@ -79,7 +79,7 @@ const BENCH_LABEL: &str = "cdn-operator-bench";
 fn manifest(i: usize, namespaces: &[String], replicas: i32) -> CdnCluster {
     let group = i / GROUP;
     let ns = &namespaces[group % namespaces.len()];
-    let (name, spec) = if i % GROUP == 0 {
+    let (name, spec) = if i.is_multiple_of(GROUP) {
         let sources: Vec<_> = (1..GROUP)
             .map(|k| json!({"name": format!("c{group}-{k}"), "pathCondition": format!("^/c{k}/")}))
             .collect();
