@@ -4,5 +4,5 @@ set -euo pipefail
 cd "$(dirname "$0")"
 bash scripts/install-test-deps.sh
 cargo fmt --all -- --check
-cargo clippy --all-targets --locked -- -D warnings
-cargo test --all-targets --locked
+cargo clippy --workspace --all-targets --locked -- -D warnings
+cargo test --workspace --all-targets --locked

@@ -635,6 +635,35 @@ async fn cleanup(
         .map_err(|e| e.to_string())
 }
 
+/// `kubeconfig` with the current context's user impersonating `user` (kubeconfig `as:`), so a
+/// process using it acts with `user`'s permissions only. File paths are already absolute
+/// (`Kubeconfig::read` makes them so), so the result can live anywhere.
+pub fn impersonating(
+    mut kubeconfig: kube::config::Kubeconfig,
+    user: &str,
+) -> Result<kube::config::Kubeconfig, String> {
+    let context = kubeconfig
+        .current_context
+        .clone()
+        .ok_or("the kubeconfig has no current context")?;
+    let auth = kubeconfig
+        .contexts
+        .iter()
+        .find(|c| c.name == context)
+        .and_then(|c| c.context.as_ref())
+        .and_then(|c| c.user.clone())
+        .ok_or_else(|| format!("context {context} names no user"))?;
+    let info = kubeconfig
+        .auth_infos
+        .iter_mut()
+        .find(|a| a.name == auth)
+        .ok_or_else(|| format!("no user {auth} in the kubeconfig"))?
+        .auth_info
+        .get_or_insert_with(Default::default);
+    info.impersonate = Some(user.to_string());
+    Ok(kubeconfig)
+}
+
 /// Reads a fixture of `e2e/fixtures/`.
 pub fn fixture(path: &str) -> String {
     let full = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -670,5 +699,63 @@ impl Drop for NamespaceGuard {
             })
         });
         let _ = done.join();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metric_sums_add_the_matching_series_only() {
+        let text =
+            "# HELP controller_runtime_reconcile Total number of reconciliations per controller.\n\
+# TYPE controller_runtime_reconcile counter\n\
+controller_runtime_reconcile_total{controller=\"cdncluster\",result=\"success\"} 7\n\
+controller_runtime_reconcile_total{controller=\"cdncluster\",result=\"error\"} 2\n\
+controller_runtime_reconcile_total{controller=\"at\",result=\"success\"} 5\n\
+controller_runtime_reconcile_errors_total{controller=\"cdncluster\"} 2\n\
+# EOF\n";
+        let sum = |labels| metric_sum(text, "controller_runtime_reconcile_total", labels);
+        assert_eq!(sum("controller=\"cdncluster\""), Some(9.0));
+        assert_eq!(sum("controller=\"at\""), Some(5.0));
+        assert_eq!(sum("controller=\"other\""), None);
+        assert_eq!(metric_sum(text, "controller_runtime_reconcile", ""), None);
+    }
+
+    #[test]
+    fn chunked_bodies_are_decoded() {
+        assert_eq!(
+            dechunk("5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n"),
+            "hello world"
+        );
+    }
+
+    #[tokio::test]
+    async fn the_impersonating_kubeconfig_keeps_the_credentials_and_adds_as() {
+        let yaml = "apiVersion: v1\nkind: Config\ncurrent-context: kind\n\
+clusters:\n- name: kind\n  cluster:\n    server: https://127.0.0.1:6443\n    insecure-skip-tls-verify: true\n\
+users:\n- name: admin\n  user:\n    token: secret-token\n- name: other\n  user:\n    token: other\n\
+contexts:\n- name: kind\n  context:\n    cluster: kind\n    user: admin\n";
+        let kubeconfig = kube::config::Kubeconfig::from_yaml(yaml).unwrap();
+        let user = "system:serviceaccount:e2e-rbac:cdn-operator";
+        let written = serde_yaml::to_string(&impersonating(kubeconfig, user).unwrap()).unwrap();
+        assert!(written.contains(&format!("as: {user}")), "{written}");
+        let read = kube::config::Kubeconfig::from_yaml(&written).unwrap();
+        let config = Config::from_custom_kubeconfig(read, &Default::default())
+            .await
+            .unwrap();
+        assert_eq!(config.auth_info.impersonate.as_deref(), Some(user));
+        assert!(config.auth_info.token.is_some(), "the token is kept");
+        let other = serde_yaml::to_string(
+            &kube::config::Kubeconfig::from_yaml(&written)
+                .unwrap()
+                .auth_infos[1],
+        )
+        .unwrap();
+        assert!(
+            !other.contains("as:"),
+            "only the current user impersonates: {other}"
+        );
     }
 }

@@ -893,23 +893,11 @@ async fn rbac_the_shipped_roles_are_enough_for_the_whole_job() {
         .expect("RoleBinding");
 
     // The operator's client impersonates the ServiceAccount (kubeconfig `as:`).
-    let mut kubeconfig = kube::config::Kubeconfig::read().expect("the kubeconfig");
-    let context = kubeconfig
-        .current_context
-        .clone()
-        .expect("a current context");
-    let user = kubeconfig
-        .contexts
-        .iter()
-        .find(|c| c.name == context)
-        .and_then(|c| c.context.as_ref())
-        .and_then(|c| c.user.clone())
-        .expect("the context's user");
-    for auth in kubeconfig.auth_infos.iter_mut().filter(|a| a.name == user) {
-        if let Some(info) = auth.auth_info.as_mut() {
-            info.impersonate = Some(format!("system:serviceaccount:{ns}:{account}"));
-        }
-    }
+    let kubeconfig = cdn_operator_e2e::impersonating(
+        kube::config::Kubeconfig::read().expect("the kubeconfig"),
+        &format!("system:serviceaccount:{ns}:{account}"),
+    )
+    .expect("an impersonating kubeconfig");
     let path = env.dir.path().join("impersonating.kubeconfig");
     std::fs::write(
         &path,
