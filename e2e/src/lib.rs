@@ -286,16 +286,21 @@ impl Operator {
         }
     }
 
-    /// The operator's Prometheus exposition.
+    /// The operator's Prometheus exposition. Retried for a few seconds: the metrics server may
+    /// start listening a moment after the health server the start waited for.
     pub fn metrics_text(&self) -> String {
-        match http_get(self.metrics, "/metrics") {
-            Some((200, body)) => body,
-            other => panic!(
-                "operator {}: GET /metrics on {} gave {:?}",
-                self.identity,
-                self.metrics,
-                other.map(|(code, _)| code)
-            ),
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            match http_get(self.metrics, "/metrics") {
+                Some((200, body)) => return body,
+                other if Instant::now() >= deadline => panic!(
+                    "operator {}: GET /metrics on {} gave {:?}",
+                    self.identity,
+                    self.metrics,
+                    other.map(|(code, _)| code)
+                ),
+                _ => std::thread::sleep(Duration::from_millis(100)),
+            }
         }
     }
 
