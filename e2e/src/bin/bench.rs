@@ -17,7 +17,7 @@
 use cdn_operator::api::{CdnCluster, Role, State};
 use cdn_operator::cdncluster::status::{self, Observed};
 use cdn_operator::cdncluster::{build, sources};
-use cdn_operator_e2e::proxy::{Counts, Proxy};
+use cdn_operator_e2e::proxy::Proxy;
 use cdn_operator_e2e::{connect, install_crds, NamespaceGuard, Operator, OperatorOptions};
 use clap::Parser;
 use futures::{StreamExt, TryStreamExt};
@@ -505,14 +505,6 @@ async fn main() -> ExitCode {
         x.map(|v| format!("{v:.2}"))
             .unwrap_or_else(|| "n/a (no controller_runtime_reconcile_total)".into())
     };
-    let baseline_writes_no_reads = Counts(
-        baseline
-            .0
-            .iter()
-            .filter(|(k, _)| !k.starts_with("get "))
-            .map(|(k, v)| (k.clone(), *v))
-            .collect(),
-    );
     println!("\n== cdn-operator benchmark: {n} CdnClusters ({} balancers, {} caches), {} namespaces, replicas {} ==", n.div_ceil(GROUP), n - n.div_ceil(GROUP), namespaces.len(), args.replicas);
     println!("| measure | value |");
     println!("|---|---|");
@@ -567,11 +559,15 @@ async fn main() -> ExitCode {
     println!(
         "| baseline: same applies from one client | {:.2} s, {} writes |",
         secs(baseline_time),
-        baseline_writes_no_reads.writes()
+        baseline.writes()
     );
     println!(
         "| operator time / baseline time | {:.2} |",
         secs(converged) / secs(baseline_time)
+    );
+    println!(
+        "| operator writes / baseline writes | {:.2} |",
+        convergence.writes() as f64 / baseline.writes().max(1) as f64
     );
     println!(
         "convergence requests by verb and resource: {:?}",
@@ -594,6 +590,7 @@ async fn main() -> ExitCode {
         "operator_exit": exit.map(|s| s.to_string()),
         "baseline_s": secs(baseline_time), "baseline_requests": baseline.0,
         "ratio_operator_to_baseline_time": secs(converged) / secs(baseline_time),
+        "ratio_operator_to_baseline_writes": convergence.writes() as f64 / baseline.writes().max(1) as f64,
     });
     let json_path = if args.json.is_absolute() {
         args.json.clone()
