@@ -5,5 +5,5 @@ cd "$(dirname "$0")"
 bash scripts/install-test-deps.sh
 bash scripts/check-artifacts.sh   # the shipped manifests, dashboards, alerts and image, by the real validators
 cargo fmt --all -- --check
-cargo clippy --all-targets --locked -- -D warnings
-cargo test --all-targets --locked
+cargo clippy --workspace --all-targets --locked -- -D warnings
+cargo test --workspace --all-targets --locked

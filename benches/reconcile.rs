@@ -1,0 +1,430 @@
+//! In-memory benchmark of the CdnCluster reconcile: `cargo bench --bench reconcile`.
+//!
+//! NOT the target setup (a real API server, see e2e/): the API is kube-fake-client, in
+//! process, so the figures measure the operator's own work (resolve, build, compare, apply,
+//! status, Events) and its write discipline, without network or API server costs.
+//!
+//! 1. 1,000 CdnClusters (per group of ten: one balancer routing to nine caches with URL origins,
+//!    over ten namespaces) reconciled with the real `cdncluster::reconcile`, caches filled from the
+//!    API as the watches would fill them: time, writes per reconcile; then a second pass after the
+//!    caches caught up: writes must be 0.
+//! 2. Resident memory of reflector stores holding 10,000 CdnClusters and their 30,000 children as
+//!    the operator caches them (managedFields dropped, as `controller::cached` does).
+//!
+//! Under `cargo test` (no `--bench` argument) it runs a small size, as a check of the invariants.
+
+use cdn_operator::api::{CdnCluster, CdnClusterSpec, Origin, Role, Source};
+use cdn_operator::cdncluster::status::{self, Observed};
+use cdn_operator::cdncluster::{self, build, sources, Context};
+use cdn_operator::controller::{Backoff, CachesReady, Events, Leadership};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, Time};
+use kube::api::{Api, ListParams, PostParams};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::watcher;
+use kube::{Client, Resource, ResourceExt};
+use kube_fake_client::{interceptor, ClientBuilder};
+use serde::de::DeserializeOwned;
+use std::collections::{BTreeMap, HashMap};
+use std::fmt::Debug;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// kube-fake-client reads the GVK of a status subresource from `K::default()` (see
+/// tests/cdncluster_reconcile.rs).
+mod gvk {
+    #[derive(
+        kube::CustomResource,
+        serde::Serialize,
+        serde::Deserialize,
+        Clone,
+        Debug,
+        Default,
+        schemars::JsonSchema,
+    )]
+    #[kube(
+        group = "cluster.anevia.com",
+        version = "v1",
+        kind = "CdnCluster",
+        namespaced,
+        derive = "Default"
+    )]
+    pub struct Spec {}
+}
+
+const NAMESPACES: usize = 10;
+const GROUP: usize = 10;
+
+/// The benchmark's topology: cluster `i` of `n`, in its namespace.
+fn cluster(i: usize) -> CdnCluster {
+    let group = i / GROUP;
+    let namespace = format!("bench-{}", group % NAMESPACES);
+    let (name, spec) = if i.is_multiple_of(GROUP) {
+        let sources = (1..GROUP)
+            .map(|k| Source {
+                name: format!("c{group}-{k}"),
+                path_condition: Some(format!("^/c{k}/")),
+                origin: None,
+            })
+            .collect();
+        (format!("b{group}"), spec(Role::Balancer, sources))
+    } else {
+        let origin = Source {
+            name: "origin".into(),
+            path_condition: None,
+            origin: Some(Origin {
+                url: Some(format!("http://origin-{group}.example.com:8080/media")),
+                service: None,
+            }),
+        };
+        (
+            format!("c{group}-{}", i % GROUP),
+            spec(Role::Cache, vec![origin]),
+        )
+    };
+    let mut cluster = CdnCluster::new(&name, spec);
+    cluster.metadata.namespace = Some(namespace);
+    cluster
+}
+
+fn spec(role: Role, sources: Vec<Source>) -> CdnClusterSpec {
+    CdnClusterSpec {
+        role,
+        sources,
+        replicas: 2,
+        image: None,
+        resources: None,
+        cache: None,
+    }
+}
+
+/// Writes sent to the in-memory API, by "verb Kind".
+type Writes = Arc<Mutex<BTreeMap<String, u64>>>;
+
+fn kind_of(v: &serde_json::Value) -> String {
+    v.get("kind")
+        .and_then(|k| k.as_str())
+        .unwrap_or("?")
+        .to_string()
+}
+
+async fn fake() -> (Client, Writes) {
+    let writes: Writes = Arc::default();
+    let count = |writes: &Writes, key: String| {
+        *writes.lock().unwrap().entry(key).or_insert(0) += 1;
+        Ok(None)
+    };
+    let (w1, w2, w3, w4, w5) = (
+        writes.clone(),
+        writes.clone(),
+        writes.clone(),
+        writes.clone(),
+        writes.clone(),
+    );
+    let funcs = interceptor::Funcs::new()
+        .create(move |ctx| count(&w1, format!("create {}", kind_of(ctx.object))))
+        .patch(move |ctx| count(&w2, format!("apply {}", kind_of(ctx.patch))))
+        .patch_status(move |ctx| count(&w3, format!("apply-status {}", kind_of(ctx.patch))))
+        .update(move |ctx| count(&w4, format!("update {}", kind_of(ctx.object))))
+        .replace_status(move |_| count(&w5, "replace-status".into()));
+    let client = ClientBuilder::new()
+        .with_resource::<CdnCluster>()
+        .with_status_subresource::<gvk::CdnCluster>()
+        .with_interceptor_funcs(funcs)
+        .build()
+        .await
+        .expect("fake client");
+    (client, writes)
+}
+
+/// A cache as fresh as the watches would make it: every object of every namespace, listed.
+async fn store<K>(client: &Client) -> Store<K>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + DeserializeOwned
+        + Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    let (reader, mut writer) = reflector::store();
+    for ns in 0..NAMESPACES {
+        let api: Api<K> = Api::namespaced(client.clone(), &format!("bench-{ns}"));
+        for mut obj in api.list(&ListParams::default()).await.expect("list") {
+            obj.managed_fields_mut().clear();
+            writer.apply_watcher_event(&watcher::Event::Apply(obj));
+        }
+    }
+    reader
+}
+
+async fn context(client: &Client) -> Arc<Context> {
+    Arc::new(Context {
+        client: client.clone(),
+        events: Events::new(client.clone(), Some("bench".into())),
+        leadership: Leadership::always(),
+        clusters: store(client).await,
+        deployments: store(client).await,
+        config_maps: store(client).await,
+        services: store(client).await,
+        backoff: Backoff::default(),
+        ready: CachesReady::already(),
+    })
+}
+
+struct Pass {
+    elapsed: Duration,
+    writes: BTreeMap<String, u64>,
+}
+
+/// Reconciles every CdnCluster of the caches once, one after the other (the figure is the
+/// operator's cost per reconcile; the controller runs up to 16 at once).
+async fn pass(ctx: &Arc<Context>, writes: &Writes) -> Pass {
+    let clusters = ctx.clusters.state();
+    writes.lock().unwrap().clear();
+    let start = Instant::now();
+    for cluster in clusters {
+        cdncluster::reconcile(cluster, ctx.clone())
+            .await
+            .expect("reconcile");
+    }
+    let elapsed = start.elapsed();
+    Pass {
+        elapsed,
+        writes: std::mem::take(&mut *writes.lock().unwrap()),
+    }
+}
+
+fn total(writes: &BTreeMap<String, u64>) -> u64 {
+    writes.values().sum()
+}
+
+async fn reconcile_bench(n: usize) -> serde_json::Value {
+    let (client, writes) = fake().await;
+    for i in 0..n {
+        let c = cluster(i);
+        let api: Api<CdnCluster> =
+            Api::namespaced(client.clone(), c.namespace().as_deref().unwrap());
+        api.create(&PostParams::default(), &c)
+            .await
+            .expect("create");
+    }
+    let ctx = context(&client).await;
+    let first = pass(&ctx, &writes).await;
+    // The watches deliver what the first pass wrote; then nothing is left to do.
+    let ctx = context(&client).await;
+    let second = pass(&ctx, &writes).await;
+
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    println!("== in-memory reconcile (kube-fake-client, not a real API server) ==");
+    println!(
+        "{n} CdnClusters ({} balancers, {} caches) in {NAMESPACES} namespaces",
+        n.div_ceil(GROUP),
+        n - n.div_ceil(GROUP)
+    );
+    println!("| pass | time | per reconcile | writes | writes/reconcile |");
+    println!("|---|---|---|---|---|");
+    for (label, p) in [
+        ("first (children + status + Events)", &first),
+        ("second (caches caught up)", &second),
+    ] {
+        println!(
+            "| {label} | {:.0} ms | {:.3} ms | {} | {:.2} |",
+            ms(p.elapsed),
+            ms(p.elapsed) / n as f64,
+            total(&p.writes),
+            total(&p.writes) as f64 / n as f64
+        );
+    }
+    println!("first-pass writes by kind: {:?}", first.writes);
+    assert_eq!(
+        first.writes.get("apply ConfigMap").copied().unwrap_or(0) as usize,
+        n,
+        "one ConfigMap apply per CdnCluster"
+    );
+    assert_eq!(
+        total(&second.writes),
+        0,
+        "an unchanged world costs no write: {:?}",
+        second.writes
+    );
+    serde_json::json!({
+        "clusters": n,
+        "first_pass_ms": ms(first.elapsed),
+        "first_pass_writes": total(&first.writes),
+        "first_pass_writes_by_kind": first.writes,
+        "second_pass_ms": ms(second.elapsed),
+        "second_pass_writes": total(&second.writes),
+    })
+}
+
+fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.split_whitespace().next())
+                .and_then(|v| v.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// What the API server adds to an object: identity, version, and managedFields (which the
+/// operator's cache then drops, as `controller::cached` does).
+fn served<K: Resource>(mut obj: K, i: usize, managers: &[&str]) -> K {
+    let meta = obj.meta_mut();
+    meta.uid = Some(format!("6f1c2f0e-8d5b-4c1e-9a57-{i:012x}"));
+    meta.resource_version = Some(format!("{}", 1_000_000 + i));
+    meta.generation = Some(1);
+    meta.creation_timestamp = Some(Time(jiff::Timestamp::now()));
+    meta.managed_fields = Some(
+        managers
+            .iter()
+            .map(|m| ManagedFieldsEntry {
+                manager: Some(m.to_string()),
+                operation: Some("Apply".into()),
+                api_version: Some("v1".into()),
+                fields_type: Some("FieldsV1".into()),
+                time: meta.creation_timestamp.clone(),
+                ..Default::default()
+            })
+            .collect(),
+    );
+    obj.managed_fields_mut().clear();
+    obj
+}
+
+/// CdnCluster `i` and its children as the API server would serve them.
+fn served_objects(
+    i: usize,
+    specs: &HashMap<(String, String), Arc<CdnCluster>>,
+    now: &Time,
+) -> (CdnCluster, build::Children) {
+    let spec = cluster(i);
+    let ns = spec.namespace().unwrap();
+    let upstreams = sources::resolve(&spec, |name| {
+        specs.get(&(ns.clone(), name.to_string())).cloned()
+    })
+    .expect("the topology resolves");
+    let mut children = build::children(&spec, &upstreams);
+    let cluster = served_cluster(i, now);
+    children.deployment = served(
+        children.deployment,
+        i,
+        &["cdn-operator", "kube-controller-manager"],
+    );
+    children.config_map = served(children.config_map, i, &["cdn-operator"]);
+    children.service = served(children.service, i, &["cdn-operator"]);
+    (cluster, children)
+}
+
+/// CdnCluster `i` as served, with the status the operator writes.
+fn served_cluster(i: usize, now: &Time) -> CdnCluster {
+    let mut cluster = served(cluster(i), i, &["kubectl", "cdn-operator"]);
+    cluster.status = Some(status::desired(&cluster, Observed::Deployed(None), now));
+    cluster
+}
+
+/// Fills one store with `n` objects made by `make`; (RSS growth in KiB, JSON bytes).
+fn fill<K>(n: usize, make: impl Fn(usize) -> K) -> (Store<K>, u64, usize)
+where
+    K: Resource<DynamicType = ()> + Clone + serde::Serialize + 'static,
+{
+    let (reader, mut writer) = reflector::store::<K>();
+    let before = rss_kib();
+    let mut bytes = 0;
+    for i in 0..n {
+        let obj = make(i);
+        bytes += serde_json::to_vec(&obj).unwrap().len();
+        writer.apply_watcher_event(&watcher::Event::Apply(obj));
+    }
+    let grown = rss_kib().saturating_sub(before);
+    assert_eq!(reader.len(), n);
+    (reader, grown, bytes)
+}
+
+fn memory_bench(n: usize) -> serde_json::Value {
+    let specs: HashMap<(String, String), Arc<CdnCluster>> = (0..n)
+        .map(|i| {
+            let c = cluster(i);
+            ((c.namespace().unwrap(), c.name_any()), Arc::new(c))
+        })
+        .collect();
+    let now = Time(jiff::Timestamp::now());
+    // Warm up: one-time allocations (lazy statics, the runtime of the regex checks) are not cache.
+    for i in 0..GROUP.min(n) {
+        drop(served_objects(i, &specs, &now));
+    }
+    let before = rss_kib();
+    // One kind after the other, so each store's growth is seen on its own.
+    let (clusters, c_kib, c_bytes) = fill(n, |i| served_cluster(i, &now));
+    let (config_maps, m_kib, m_bytes) = fill(n, |i| served_objects(i, &specs, &now).1.config_map);
+    let (services, s_kib, s_bytes) = fill(n, |i| served_objects(i, &specs, &now).1.service);
+    let (deployments, d_kib, d_bytes) = fill(n, |i| served_objects(i, &specs, &now).1.deployment);
+    let after = rss_kib();
+    let delta = after.saturating_sub(before);
+    let bytes = c_bytes + m_bytes + s_bytes + d_bytes;
+    println!("== in-memory cache footprint (reflector stores, managedFields dropped) ==");
+    println!("| store | objects | VmRSS growth | per object | JSON per object |");
+    println!("|---|---|---|---|---|");
+    for (kind, kib, json) in [
+        ("CdnCluster", c_kib, c_bytes),
+        ("ConfigMap", m_kib, m_bytes),
+        ("Service", s_kib, s_bytes),
+        ("Deployment", d_kib, d_bytes),
+    ] {
+        println!(
+            "| {kind} | {n} | {:.1} MiB | {:.2} KiB | {:.2} KiB |",
+            kib as f64 / 1024.0,
+            kib as f64 / n as f64,
+            json as f64 / n as f64 / 1024.0
+        );
+    }
+    println!(
+        "| all | {} | {:.1} MiB ({:.1} → {:.1} MiB) | {:.1} KiB per CdnCluster with its children | {:.1} MiB in all |",
+        4 * n,
+        delta as f64 / 1024.0,
+        before as f64 / 1024.0,
+        after as f64 / 1024.0,
+        delta as f64 / n as f64,
+        bytes as f64 / 1048576.0
+    );
+    println!("(objects as the operator applies them plus server metadata; a real API server also adds defaulted fields, about 1-2 KiB more per Deployment)");
+    let held = clusters.len() + config_maps.len() + services.len() + deployments.len();
+    assert_eq!(held, 4 * n);
+    serde_json::json!({
+        "clusters": n,
+        "children": 3 * n,
+        "rss_before_kib": before,
+        "rss_after_kib": after,
+        "rss_delta_kib": delta,
+        "rss_growth_kib": {"CdnCluster": c_kib, "ConfigMap": m_kib, "Service": s_kib, "Deployment": d_kib},
+        "json_bytes": {"CdnCluster": c_bytes, "ConfigMap": m_bytes, "Service": s_bytes, "Deployment": d_bytes},
+    })
+}
+
+fn main() {
+    // `cargo bench` passes --bench; `cargo test --all-targets` runs this too, without it: small.
+    let full = std::env::args().any(|a| a == "--bench");
+    let (n, cached) = if full { (1_000, 10_000) } else { (50, 200) };
+    // Memory first, in a fresh heap: memory freed by the reconcile benchmark would otherwise be
+    // reused by the stores and hide part of their growth.
+    let memory = memory_bench(cached);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let reconcile = runtime.block_on(reconcile_bench(n));
+    let report = serde_json::json!({
+        "setup": "in-memory (kube-fake-client), not a real API server",
+        "reconcile": reconcile,
+        "cache_memory": memory,
+    });
+    if full {
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench-reconcile.json");
+        std::fs::write(&path, serde_json::to_string_pretty(&report).unwrap()).expect("write JSON");
+        println!("JSON: {}", path.display());
+    }
+}

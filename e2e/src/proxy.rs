@@ -1,0 +1,264 @@
+//! A counting proxy between the operator and the API server, for the benchmark: the operator
+//! exports no client request metrics, so every request it sends is counted here, by verb and
+//! resource, on its way through. It listens on plain HTTP on loopback and forwards through a kube
+//! client holding the caller's credentials (the same client stack the operator uses), streaming
+//! responses so watches work unchanged.
+
+use http::header::{CONNECTION, CONTENT_LENGTH, HOST, TRANSFER_ENCODING};
+use http::{Request, Response, StatusCode};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use kube::client::Body;
+use kube::Client;
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use tokio::task::JoinHandle;
+
+/// Requests seen, by "VERB resource" (verbs as the API server's audit names them: get, list,
+/// watch, create, patch, update, delete).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Counts(pub BTreeMap<String, u64>);
+
+impl Counts {
+    pub fn requests(&self) -> u64 {
+        self.0.values().sum()
+    }
+
+    /// Requests that change state: create, patch, update, delete.
+    pub fn writes(&self) -> u64 {
+        self.0
+            .iter()
+            .filter(|(key, _)| {
+                let verb = key.split(' ').next().unwrap_or("");
+                matches!(verb, "create" | "patch" | "update" | "delete")
+            })
+            .map(|(_, n)| n)
+            .sum()
+    }
+
+    /// What happened between `before` and `self`.
+    pub fn since(&self, before: &Counts) -> Counts {
+        Counts(
+            self.0
+                .iter()
+                .map(|(k, n)| (k.clone(), n - before.0.get(k).copied().unwrap_or(0)))
+                .filter(|(_, n)| *n > 0)
+                .collect(),
+        )
+    }
+}
+
+pub struct Proxy {
+    pub addr: SocketAddr,
+    counts: Arc<Mutex<Counts>>,
+    task: JoinHandle<()>,
+}
+
+impl Proxy {
+    pub async fn start(client: Client) -> std::io::Result<Proxy> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let counts = Arc::new(Mutex::new(Counts::default()));
+        let shared = counts.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let client = client.clone();
+                let counts = shared.clone();
+                let service =
+                    service_fn(move |request| forward(client.clone(), counts.clone(), request));
+                tokio::spawn(async move {
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        Ok(Proxy { addr, counts, task })
+    }
+
+    pub fn counts(&self) -> Counts {
+        self.counts.lock().expect("counts lock").clone()
+    }
+
+    /// A kubeconfig that sends a client through this proxy (no credentials: the proxy holds them).
+    pub fn kubeconfig(&self, dir: &Path) -> PathBuf {
+        let path = dir.join("proxy.kubeconfig");
+        let text = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: proxy\n  cluster:\n    server: http://{}\nusers:\n- name: proxy\n  user: {{}}\ncontexts:\n- name: proxy\n  context:\n    cluster: proxy\n    user: proxy\ncurrent-context: proxy\n",
+            self.addr
+        );
+        std::fs::write(&path, text).expect("writing the proxy kubeconfig");
+        path
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// The audit-style key of a request: "verb resource[/subresource]".
+pub fn classify(method: &http::Method, path: &str, query: Option<&str>) -> String {
+    let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
+    // /api/v1/... or /apis/<group>/<version>/...
+    let rest: &[&str] = match segments.as_slice() {
+        ["api", _version, rest @ ..] => rest,
+        ["apis", _group, _version, rest @ ..] => rest,
+        _ => return format!("{} {}", method.as_str().to_lowercase(), path),
+    };
+    let rest = match rest {
+        ["namespaces", _ns, tail @ ..] if !tail.is_empty() => tail,
+        other => other,
+    };
+    let (resource, named) = match rest {
+        [resource] => (resource.to_string(), false),
+        [resource, _name] => (resource.to_string(), true),
+        [resource, _name, sub, ..] => (format!("{resource}/{sub}"), true),
+        [] => ("namespaces".into(), false),
+    };
+    let watch = query.is_some_and(|q| q.split('&').any(|p| p == "watch=true" || p == "watch=1"));
+    let verb = match *method {
+        http::Method::GET if watch => "watch",
+        http::Method::GET if named => "get",
+        http::Method::GET => "list",
+        http::Method::POST => "create",
+        http::Method::PATCH => "patch",
+        http::Method::PUT => "update",
+        http::Method::DELETE => "delete",
+        _ => "other",
+    };
+    format!("{verb} {resource}")
+}
+
+async fn forward(
+    client: Client,
+    counts: Arc<Mutex<Counts>>,
+    request: Request<Incoming>,
+) -> Result<Response<Body>, Infallible> {
+    let (parts, body) = request.into_parts();
+    let key = classify(&parts.method, parts.uri.path(), parts.uri.query());
+    *counts
+        .lock()
+        .expect("counts lock")
+        .0
+        .entry(key)
+        .or_insert(0) += 1;
+    let bytes = match body.collect().await {
+        Ok(collected) => collected.to_bytes().to_vec(),
+        Err(error) => return Ok(failure(StatusCode::BAD_REQUEST, error.to_string())),
+    };
+    let target = parts
+        .uri
+        .path_and_query()
+        .map(|p| p.as_str().to_string())
+        .unwrap_or_else(|| "/".into());
+    let mut builder = Request::builder().method(parts.method).uri(target);
+    for (name, value) in &parts.headers {
+        // Hop-by-hop and framing headers belong to each connection; the client sets its own.
+        if name != HOST && name != CONNECTION && name != CONTENT_LENGTH && name != TRANSFER_ENCODING
+        {
+            builder = builder.header(name, value);
+        }
+    }
+    let forwarded = match builder.body(Body::from(bytes)) {
+        Ok(request) => request,
+        Err(error) => return Ok(failure(StatusCode::BAD_REQUEST, error.to_string())),
+    };
+    match client.send(forwarded).await {
+        Ok(mut response) => {
+            let headers = response.headers_mut();
+            headers.remove(CONNECTION);
+            headers.remove(TRANSFER_ENCODING);
+            Ok(response)
+        }
+        Err(error) => Ok(failure(StatusCode::BAD_GATEWAY, error.to_string())),
+    }
+}
+
+fn failure(code: StatusCode, message: String) -> Response<Body> {
+    let mut response = Response::new(Body::from(message.into_bytes()));
+    *response.status_mut() = code;
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::Method;
+
+    #[test]
+    fn requests_are_named_as_audit_logs_name_them() {
+        let cases = [
+            (
+                Method::GET,
+                "/api/v1/configmaps",
+                Some("labelSelector=x"),
+                "list configmaps",
+            ),
+            (
+                Method::GET,
+                "/api/v1/configmaps",
+                Some("watch=true&resourceVersion=1"),
+                "watch configmaps",
+            ),
+            (
+                Method::PATCH,
+                "/api/v1/namespaces/a/configmaps/b-nginx",
+                Some("fieldManager=cdn-operator&force=true"),
+                "patch configmaps",
+            ),
+            (
+                Method::PATCH,
+                "/apis/cluster.anevia.com/v1/namespaces/a/cdnclusters/b/status",
+                None,
+                "patch cdnclusters/status",
+            ),
+            (
+                Method::POST,
+                "/apis/events.k8s.io/v1/namespaces/a/events",
+                None,
+                "create events",
+            ),
+            (
+                Method::GET,
+                "/apis/coordination.k8s.io/v1/namespaces/a/leases/l",
+                None,
+                "get leases",
+            ),
+            (
+                Method::PUT,
+                "/api/v1/namespaces/a",
+                None,
+                "update namespaces",
+            ),
+            (Method::GET, "/version", None, "get /version"),
+        ];
+        for (method, path, query, want) in cases {
+            assert_eq!(classify(&method, path, query), want, "{method} {path}");
+        }
+    }
+
+    #[test]
+    fn writes_are_the_mutating_verbs() {
+        let counts = Counts(
+            [
+                ("patch configmaps", 3),
+                ("create events", 2),
+                ("watch configmaps", 1),
+                ("list pods", 4),
+            ]
+            .into_iter()
+            .map(|(k, n)| (k.to_string(), n))
+            .collect(),
+        );
+        assert_eq!((counts.requests(), counts.writes()), (10, 5));
+        let before = Counts([("patch configmaps".to_string(), 1)].into_iter().collect());
+        assert_eq!(counts.since(&before).0.get("patch configmaps"), Some(&2));
+    }
+}

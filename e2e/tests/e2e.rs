@@ -1,0 +1,968 @@
+//! cdn-operator end to end, against the cluster of `KUBECONFIG`: the built binary runs out of
+//! cluster, one namespace per test. With no reachable API server each test prints one line and
+//! passes. Run: `cargo build && cargo test -p cdn-operator-e2e -- --test-threads=4`.
+
+use cdn_operator::api::{At, CdnCluster, Phase, State};
+use cdn_operator_e2e::{eventually, fixture, Env, OperatorOptions};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Service, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::core::GroupVersionKind;
+use kube::{Resource, ResourceExt};
+use serde_json::json;
+use std::time::{Duration, Instant};
+
+const WAIT: Duration = Duration::from_secs(60);
+
+const FINALIZER: &str = "cnat.programming-kubernetes.info/run-once";
+
+async fn state(env: &Env, name: &str) -> Option<State> {
+    let cluster = env.api::<CdnCluster>().get_opt(name).await.ok()??;
+    cluster.status?.state
+}
+
+/// Waits until `name` is in one of `states` with its status describing the current generation.
+async fn wait_state(env: &Env, name: &str, states: &[State]) -> State {
+    eventually(
+        &format!("CdnCluster {name} in {states:?}"),
+        WAIT,
+        || async {
+            let cluster = env.api::<CdnCluster>().get_opt(name).await.ok()??;
+            let status = cluster.status?;
+            let current = status.observed_generation == cluster.metadata.generation;
+            status.state.filter(|s| current && states.contains(s))
+        },
+    )
+    .await
+}
+
+const DEPLOYED: &[State] = &[State::Deploying, State::Running];
+
+/// Waits for an Event of the operator about `name` with this reason and note.
+async fn wait_event(env: &Env, name: &str, reason: &str, note: &str) {
+    eventually(
+        &format!("Event {reason} `{note}` about {name}"),
+        WAIT,
+        || async {
+            env.events()
+                .await
+                .iter()
+                .any(|(n, _, r, m)| n == name && r == reason && m == note)
+                .then_some(())
+        },
+    )
+    .await
+}
+
+async fn get<K>(env: &Env, name: &str) -> Option<K>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    env.api::<K>().get_opt(name).await.expect("GET")
+}
+
+/// The three children of `name` exist, owned by the CdnCluster as its controller.
+async fn assert_children(env: &Env, name: &str) {
+    let cluster: CdnCluster = get(env, name).await.expect("the CdnCluster");
+    let uid = cluster.uid();
+    let owned = |refs: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference]| {
+        refs.iter()
+            .any(|r| Some(&r.uid) == uid.as_ref() && r.controller == Some(true))
+    };
+    let (d_name, cm_name) = (format!("{name}-deployment"), format!("{name}-nginx"));
+    let deployment: Deployment = eventually(&d_name, WAIT, || get(env, &d_name)).await;
+    assert!(
+        owned(deployment.owner_references()),
+        "{name}-deployment is owned by {name}"
+    );
+    let config_map: ConfigMap = eventually(&cm_name, WAIT, || get(env, &cm_name)).await;
+    assert!(owned(config_map.owner_references()));
+    assert!(config_map
+        .data
+        .as_ref()
+        .is_some_and(|d| d.contains_key("nginx.conf")));
+    let service: Service = eventually(&format!("Service {name}"), WAIT, || get(env, name)).await;
+    assert!(owned(service.owner_references()));
+}
+
+fn seed(name: &str) -> String {
+    fixture(&format!("seed-examples/{name}.yaml"))
+}
+
+#[tokio::test]
+async fn seed_examples_in_order_give_the_seed_event_sequence() {
+    let Some(mut env) = Env::new("seed-examples").await else {
+        return;
+    };
+    env.start_operator().await;
+
+    env.apply_yaml(&seed("cdncluster-balancer"))
+        .await
+        .expect("balancer");
+    assert_eq!(
+        wait_state(&env, "balancer", &[State::WaitingSource]).await,
+        State::WaitingSource
+    );
+    wait_event(
+        &env,
+        "balancer",
+        "SourceNotFound",
+        "Source cache-live not found, will retry later",
+    )
+    .await;
+    assert!(
+        get::<Deployment>(&env, "balancer-deployment")
+            .await
+            .is_none(),
+        "nothing deployed while a source is missing"
+    );
+
+    env.apply_yaml(&seed("cdncluster-cache-live"))
+        .await
+        .expect("cache-live");
+    wait_state(&env, "cache-live", DEPLOYED).await;
+    wait_event(
+        &env,
+        "cache-live",
+        "DeploymentCreated",
+        "The Deployment cache-live-deployment has been created",
+    )
+    .await;
+    wait_event(
+        &env,
+        "balancer",
+        "SourceNotFound",
+        "Source cache-vod not found, will retry later",
+    )
+    .await;
+    assert_eq!(state(&env, "balancer").await, Some(State::WaitingSource));
+
+    env.apply_yaml(&seed("cdncluster-cache-vod"))
+        .await
+        .expect("cache-vod");
+    wait_state(&env, "cache-vod", DEPLOYED).await;
+    wait_state(&env, "balancer", DEPLOYED).await;
+    wait_event(
+        &env,
+        "balancer",
+        "DeploymentCreated",
+        "The Deployment balancer-deployment has been created",
+    )
+    .await;
+
+    for name in ["balancer", "cache-live", "cache-vod"] {
+        assert_children(&env, name).await;
+    }
+    let seen: Vec<(String, String, String)> = env
+        .events()
+        .await
+        .into_iter()
+        .filter(|(_, _, reason, _)| reason == "SourceNotFound" || reason == "DeploymentCreated")
+        .map(|(name, _, reason, note)| (name, reason, note))
+        .collect();
+    let e = |name: &str, reason: &str, note: &str| {
+        (name.to_string(), reason.to_string(), note.to_string())
+    };
+    let first = e(
+        "balancer",
+        "SourceNotFound",
+        "Source cache-live not found, will retry later",
+    );
+    let live = e(
+        "cache-live",
+        "DeploymentCreated",
+        "The Deployment cache-live-deployment has been created",
+    );
+    let wait_vod = e(
+        "balancer",
+        "SourceNotFound",
+        "Source cache-vod not found, will retry later",
+    );
+    let vod = e(
+        "cache-vod",
+        "DeploymentCreated",
+        "The Deployment cache-vod-deployment has been created",
+    );
+    let last = e(
+        "balancer",
+        "DeploymentCreated",
+        "The Deployment balancer-deployment has been created",
+    );
+    // cache-live's creation triggers its own reconcile and the balancer's at once: those two
+    // Events may come in either order; every other step waited for the previous one.
+    let seed_order = vec![
+        first.clone(),
+        live.clone(),
+        wait_vod.clone(),
+        vod.clone(),
+        last.clone(),
+    ];
+    let swapped = vec![first, wait_vod, live, vod, last];
+    assert!(
+        seen == seed_order || seen == swapped,
+        "Event sequence: {seen:#?}"
+    );
+    let warnings: Vec<_> = env
+        .events()
+        .await
+        .into_iter()
+        .filter(|(_, t, _, _)| t == "Warning")
+        .collect();
+    assert!(warnings.is_empty(), "no Warning Events: {warnings:?}");
+}
+
+#[tokio::test]
+async fn a_deleted_deployment_is_recreated() {
+    let Some(mut env) = Env::new("deleted-deployment").await else {
+        return;
+    };
+    env.start_operator().await;
+    env.create_cluster("foo", json!({"role": "cache", "sources": []}))
+        .await
+        .expect("foo");
+    wait_state(&env, "foo", DEPLOYED).await;
+    let first: Deployment =
+        eventually("foo-deployment", WAIT, || get(&env, "foo-deployment")).await;
+    env.api::<Deployment>()
+        .delete("foo-deployment", &DeleteParams::foreground())
+        .await
+        .expect("delete foo-deployment");
+    let again: Deployment = eventually("foo-deployment recreated", WAIT, || async {
+        get::<Deployment>(&env, "foo-deployment")
+            .await
+            .filter(|d| d.uid() != first.uid())
+    })
+    .await;
+    assert_ne!(again.uid(), first.uid());
+    assert_children(&env, "foo").await;
+    eventually("DeploymentCreated reported twice", WAIT, || async {
+        (env.event_count("foo", "DeploymentCreated").await >= 2).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn foo3_waits_for_asource_and_deploys_when_it_appears() {
+    let Some(mut env) = Env::new("foo3-waits").await else {
+        return;
+    };
+    env.start_operator().await;
+    env.create_cluster(
+        "foo3",
+        json!({"role": "balancer", "sources": [{"name": "asource"}]}),
+    )
+    .await
+    .expect("foo3");
+    wait_state(&env, "foo3", &[State::WaitingSource]).await;
+    wait_event(
+        &env,
+        "foo3",
+        "SourceNotFound",
+        "Source asource not found, will retry later",
+    )
+    .await;
+    assert!(get::<Deployment>(&env, "foo3-deployment").await.is_none());
+
+    // The parent is reconciled again when its source appears: no polling, a watch event.
+    env.create_cluster("asource", json!({"role": "cache", "sources": []}))
+        .await
+        .expect("asource");
+    wait_state(&env, "asource", DEPLOYED).await;
+    wait_state(&env, "foo3", DEPLOYED).await;
+    assert_children(&env, "foo3").await;
+    let config_map: ConfigMap = get(&env, "foo3-nginx").await.expect("foo3-nginx");
+    let conf = &config_map.data.expect("data")["nginx.conf"];
+    assert!(
+        conf.contains("asource"),
+        "foo3's nginx.conf routes to asource:\n{conf}"
+    );
+}
+
+/// The API server's refusal of `spec`, with the CRDs installed (no operator needed).
+async fn refused(env: &Env, name: &str, spec: serde_json::Value) -> String {
+    match env.create_cluster(name, spec).await {
+        Ok(_) => panic!("the API server accepted {name}"),
+        Err(kube::Error::Api(status)) => {
+            assert_eq!(status.code, 422, "{name}: {status:?}");
+            status.message
+        }
+        Err(other) => panic!("{name}: {other}"),
+    }
+}
+
+#[tokio::test]
+async fn bad_input_is_refused_by_the_api_server_with_a_clear_message() {
+    let Some(env) = Env::new("bad-input").await else {
+        return;
+    };
+    let message = refused(
+        &env,
+        "unknown-role",
+        json!({"role": "origin", "sources": []}),
+    )
+    .await;
+    assert!(
+        message.contains("spec.role")
+            && message.contains("\"balancer\"")
+            && message.contains("\"cache\""),
+        "unknown role: {message}"
+    );
+
+    // apiextensions prunes a null in a non-nullable field, then `required` refuses it; older
+    // servers said "must be of type array". Either names the field.
+    let message = refused(
+        &env,
+        "null-sources",
+        json!({"role": "cache", "sources": null}),
+    )
+    .await;
+    assert!(
+        message.contains("spec.sources")
+            && (message.contains("Required value") || message.contains("must be of type array")),
+        "null sources: {message}"
+    );
+
+    let message = refused(
+        &env,
+        "malformed-source",
+        json!({"role": "cache", "sources": ["cache-live"]}),
+    )
+    .await;
+    assert!(
+        message.contains("spec.sources[0]") && message.contains("must be of type object"),
+        "malformed source: {message}"
+    );
+
+    let message = refused(
+        &env,
+        "nameless-source",
+        json!({"role": "cache", "sources": [{"pathCondition": "^/a/"}]}),
+    )
+    .await;
+    assert!(
+        message.contains("spec.sources[0].name") && message.contains("Required value"),
+        "source without a name: {message}"
+    );
+
+    // CEL on metadata.name: 53 characters would make a pod label of 64.
+    let long = format!("a{}", "b".repeat(52));
+    let message = refused(&env, &long, json!({"role": "cache", "sources": []})).await;
+    assert!(
+        message.contains("metadata.name must be at most 52 characters"),
+        "long name: {message}"
+    );
+}
+
+#[tokio::test]
+async fn a_cycle_is_invalid_with_a_warning_event() {
+    let Some(mut env) = Env::new("cycle").await else {
+        return;
+    };
+    env.start_operator().await;
+    env.create_cluster("a", json!({"role": "cache", "sources": [{"name": "b"}]}))
+        .await
+        .expect("a");
+    wait_state(&env, "a", &[State::WaitingSource]).await;
+    env.create_cluster("b", json!({"role": "cache", "sources": [{"name": "a"}]}))
+        .await
+        .expect("b");
+    for name in ["a", "b"] {
+        wait_state(&env, name, &[State::Invalid]).await;
+        let event = eventually(&format!("InvalidSpec Event about {name}"), WAIT, || async {
+            env.events()
+                .await
+                .into_iter()
+                .find(|(n, _, r, _)| n == name && r == "InvalidSpec")
+        })
+        .await;
+        assert_eq!(event.1, "Warning");
+        assert!(
+            event.3.contains("cycle") || event.3.contains("a → b") || event.3.contains("b → a"),
+            "the message explains the cycle: {}",
+            event.3
+        );
+        assert!(get::<Deployment>(&env, &format!("{name}-deployment"))
+            .await
+            .is_none());
+    }
+}
+
+/// Whether some node reports Ready: then a kubelet runs the At's pod; otherwise the test plays
+/// the kubelet and writes the pod's end itself.
+async fn kubelet_runs(env: &Env) -> bool {
+    let nodes = Api::<Node>::all(env.client.clone())
+        .list(&ListParams::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default();
+    nodes.iter().any(|n| {
+        n.status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+    })
+}
+
+/// Brings the At's pod to Succeeded: waits for the kubelet where one runs (and checks the
+/// command's output), else writes the status as a kubelet would.
+async fn pod_succeeds(env: &Env, pod: &str, expected_output: Option<&str>) {
+    let pods = env.api::<Pod>();
+    if kubelet_runs(env).await {
+        eventually(
+            &format!("pod {pod} Succeeded"),
+            Duration::from_secs(180),
+            || async {
+                let p = pods.get(pod).await.ok()?;
+                (p.status?.phase.as_deref() == Some("Succeeded")).then_some(())
+            },
+        )
+        .await;
+        if let Some(output) = expected_output {
+            let logs = pods.logs(pod, &Default::default()).await.expect("pod logs");
+            assert!(logs.contains(output), "pod {pod} printed {logs:?}");
+        }
+    } else {
+        let now = jiff::Timestamp::now()
+            .strftime("%Y-%m-%dT%H:%M:%SZ")
+            .to_string();
+        let image = pods
+            .get(pod)
+            .await
+            .expect("pod")
+            .spec
+            .expect("spec")
+            .containers[0]
+            .image
+            .clone();
+        let status = json!({"status": {
+            "phase": "Succeeded",
+            "containerStatuses": [{
+                "name": "busybox", "image": image, "imageID": "", "ready": false, "restartCount": 0,
+                "state": {"terminated": {"exitCode": 0, "reason": "Completed", "startedAt": now, "finishedAt": now}},
+            }],
+        }});
+        pods.patch_status(pod, &PatchParams::default(), &Patch::Merge(status))
+            .await
+            .expect("setting the pod's status to Succeeded (no kubelet here)");
+    }
+}
+
+async fn at_phase(env: &Env, name: &str) -> Option<Phase> {
+    env.api::<At>().get_opt(name).await.ok()??.status?.phase
+}
+
+async fn wait_phase(env: &Env, name: &str, phase: Phase, timeout: Duration) {
+    eventually(
+        &format!("At {name} {}", phase.as_str()),
+        timeout,
+        || async { (at_phase(env, name).await == Some(phase)).then_some(()) },
+    )
+    .await
+}
+
+/// The At's pod as the seed describes it: label `app: <at>`, container busybox, owned by the At,
+/// held by the operator's finalizer until the At is DONE.
+async fn check_at_pod(env: &Env, at: &str) -> Pod {
+    let name = format!("{at}-pod");
+    let pod: Pod = eventually(&format!("pod {name}"), WAIT, || get(env, &name)).await;
+    let owner: At = get(env, at).await.expect("the At");
+    assert_eq!(pod.labels().get("app").map(String::as_str), Some(at));
+    assert_eq!(
+        pod.spec.as_ref().expect("spec").containers[0].name,
+        "busybox"
+    );
+    assert!(pod
+        .owner_references()
+        .iter()
+        .any(|r| Some(&r.uid) == owner.uid().as_ref()));
+    // The operator records DONE before it releases the finalizer: the At, read after the pod and
+    // not DONE yet, proves the pod as read had to carry it (a fast kubelet may be done already).
+    if owner.status.as_ref().and_then(|s| s.phase) != Some(Phase::Done) {
+        assert!(
+            pod.finalizers().iter().any(|f| f == FINALIZER),
+            "pod {name} finalizers: {:?}",
+            pod.finalizers()
+        );
+    }
+    pod
+}
+
+/// The At ends DONE (Succeeded) and only then releases its pod.
+async fn at_finishes(env: &Env, at: &str, output: Option<&str>) {
+    let pod = format!("{at}-pod");
+    pod_succeeds(env, &pod, output).await;
+    wait_phase(env, at, Phase::Done, WAIT).await;
+    let status = get::<At>(env, at)
+        .await
+        .and_then(|a| a.status)
+        .expect("status");
+    assert_eq!(status.outcome, Some(cdn_operator::api::Outcome::Succeeded));
+    eventually(&format!("finalizer of {pod} released"), WAIT, || async {
+        let p: Pod = get(env, &pod).await?;
+        (!p.finalizers().iter().any(|f| f == FINALIZER)).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn example_at_runs_at_once_and_becomes_done() {
+    let Some(mut env) = Env::new("example-at").await else {
+        return;
+    };
+    env.start_operator().await;
+    env.apply_yaml(&fixture("seed-examples/at-example.yaml"))
+        .await
+        .expect("example-at");
+    check_at_pod(&env, "example-at").await;
+    let phase = at_phase(&env, "example-at").await;
+    assert!(
+        matches!(phase, Some(Phase::Running | Phase::Done)),
+        "phase {phase:?}"
+    );
+    at_finishes(&env, "example-at", Some("YAY")).await;
+}
+
+#[tokio::test]
+async fn a_future_at_stays_pending_then_runs_on_time() {
+    let Some(mut env) = Env::new("future-at").await else {
+        return;
+    };
+    env.start_operator().await;
+    let lead = Duration::from_secs(20);
+    let due = jiff::Timestamp::now() + jiff::SignedDuration::from_secs(lead.as_secs() as i64 + 1);
+    // Whole seconds, as the seed layout writes them.
+    let due = jiff::Timestamp::from_second(due.as_second()).expect("a time");
+    let schedule = due.strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
+    let at: At = serde_json::from_value(json!({
+        "apiVersion": "cnat.programming-kubernetes.info/v1alpha1", "kind": "At",
+        "metadata": {"name": "later"}, "spec": {"schedule": schedule, "command": "echo later"},
+    }))
+    .expect("an At");
+    env.api::<At>()
+        .create(&PostParams::default(), &at)
+        .await
+        .expect("create the At");
+    wait_phase(&env, "later", Phase::Pending, WAIT).await;
+    // Until shortly before the schedule: still PENDING, no pod. (Same clock as the operator.)
+    while jiff::Timestamp::now() < due - jiff::SignedDuration::from_millis(500) {
+        assert_eq!(
+            at_phase(&env, "later").await,
+            Some(Phase::Pending),
+            "PENDING before {schedule}"
+        );
+        assert!(
+            get::<Pod>(&env, "later-pod").await.is_none(),
+            "no pod before {schedule}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    // On time: the pod exists within a few seconds of the schedule.
+    eventually("later-pod on time", Duration::from_secs(6), || {
+        get::<Pod>(&env, "later-pod")
+    })
+    .await;
+    assert!(jiff::Timestamp::now() <= due + jiff::SignedDuration::from_secs(6));
+    check_at_pod(&env, "later").await;
+    at_finishes(&env, "later", Some("later")).await;
+}
+
+fn manager<'a, K: Resource>(
+    obj: &'a K,
+    name: &str,
+) -> Option<&'a k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry> {
+    obj.meta()
+        .managed_fields
+        .as_ref()?
+        .iter()
+        .find(|m| m.manager.as_deref() == Some(name) && m.subresource.is_none())
+}
+
+#[tokio::test]
+async fn server_side_apply_owns_its_fields_reverts_hand_edits_and_leaves_others_alone() {
+    let Some(mut env) = Env::new("server-side-apply").await else {
+        return;
+    };
+    env.start_operator().await;
+    env.create_cluster("foo", json!({"role": "cache", "sources": []}))
+        .await
+        .expect("foo");
+    wait_state(&env, "foo", DEPLOYED).await;
+    assert_children(&env, "foo").await;
+
+    // Every child, and the status, are applied by the manager cdn-operator.
+    let deployment: Deployment = get(&env, "foo-deployment").await.unwrap();
+    let config_map: ConfigMap = get(&env, "foo-nginx").await.unwrap();
+    let service: Service = get(&env, "foo").await.unwrap();
+    for entry in [
+        manager(&deployment, "cdn-operator"),
+        manager(&config_map, "cdn-operator"),
+        manager(&service, "cdn-operator"),
+    ] {
+        let entry = entry.expect("a managedFields entry of cdn-operator");
+        assert_eq!(entry.operation.as_deref(), Some("Apply"));
+    }
+    let cluster: CdnCluster = get(&env, "foo").await.unwrap();
+    assert!(
+        cluster
+            .managed_fields()
+            .iter()
+            .any(|m| m.manager.as_deref() == Some("cdn-operator")
+                && m.operation.as_deref() == Some("Apply")
+                && m.subresource.as_deref() == Some("status")),
+        "status applied through the subresource: {:?}",
+        cluster.managed_fields()
+    );
+
+    // Another manager's field is left alone, and costs the operator no write.
+    let stamp = manager(&deployment, "cdn-operator").and_then(|m| m.time.clone());
+    let team = json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "foo-deployment", "annotations": {"example.com/team": "video"}}});
+    env.api::<Deployment>()
+        .patch(
+            "foo-deployment",
+            &PatchParams::apply("e2e-team"),
+            &Patch::Apply(&team),
+        )
+        .await
+        .expect("another manager's apply");
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let after: Deployment = get(&env, "foo-deployment").await.unwrap();
+    assert_eq!(
+        after
+            .annotations()
+            .get("example.com/team")
+            .map(String::as_str),
+        Some("video")
+    );
+    assert!(manager(&after, "e2e-team").is_some());
+    assert_eq!(
+        manager(&after, "cdn-operator").and_then(|m| m.time.clone()),
+        stamp,
+        "the operator did not change its fields again"
+    );
+
+    // A hand edit of an owned field is reverted.
+    let original = config_map.data.clone().unwrap()["nginx.conf"].clone();
+    env.api::<ConfigMap>()
+        .patch(
+            "foo-nginx",
+            &PatchParams {
+                field_manager: Some("e2e-hand-edit".into()),
+                ..Default::default()
+            },
+            &Patch::Merge(json!({"data": {"nginx.conf": "events {}"}})),
+        )
+        .await
+        .expect("hand edit");
+    eventually("foo-nginx restored", WAIT, || async {
+        let cm: ConfigMap = get(&env, "foo-nginx").await?;
+        (cm.data?.get("nginx.conf") == Some(&original)).then_some(())
+    })
+    .await;
+    let image = json!({"spec": {"template": {"spec": {"containers": [{"name": "nginx", "image": "evil.example.com/nginx:latest"}]}}}});
+    env.api::<Deployment>()
+        .patch(
+            "foo-deployment",
+            &PatchParams {
+                field_manager: Some("e2e-hand-edit".into()),
+                ..Default::default()
+            },
+            &Patch::Strategic(image),
+        )
+        .await
+        .expect("hand edit of the image");
+    eventually("foo-deployment's image restored", WAIT, || async {
+        let d: Deployment = get(&env, "foo-deployment").await?;
+        let image = d
+            .spec?
+            .template
+            .spec?
+            .containers
+            .into_iter()
+            .find(|c| c.name == "nginx")?
+            .image?;
+        (image == cdn_operator::cdncluster::build::DEFAULT_IMAGE).then_some(())
+    })
+    .await;
+    eventually("a ChildRestored Event", WAIT, || async {
+        env.events()
+            .await
+            .into_iter()
+            .find(|(n, t, r, _)| n == "foo" && r == "ChildRestored" && t == "Warning")
+    })
+    .await;
+    let after: Deployment = get(&env, "foo-deployment").await.unwrap();
+    assert_eq!(
+        after
+            .annotations()
+            .get("example.com/team")
+            .map(String::as_str),
+        Some("video"),
+        "still left alone"
+    );
+}
+
+async fn holder(env: &Env, lease: &str) -> Option<String> {
+    env.api::<Lease>()
+        .get_opt(lease)
+        .await
+        .ok()??
+        .spec?
+        .holder_identity
+}
+
+/// controller_runtime_reconcile_total of the CdnCluster controller, summed over results.
+fn reconciles(env: &Env, index: usize) -> f64 {
+    env.operators[index]
+        .metric_sum(
+            "controller_runtime_reconcile_total",
+            "controller=\"cdncluster\"",
+        )
+        .unwrap_or(0.0)
+}
+
+#[tokio::test]
+async fn leader_election_one_leads_the_other_takes_over_within_2s() {
+    let Some(mut env) = Env::new("leader-election").await else {
+        return;
+    };
+    let lease = "cdn-operator-e2e".to_string();
+    let mut args = Vec::new();
+    // Candidates retry every second, so a released Lease is taken within about one second.
+    if let Some(flag) =
+        cdn_operator_e2e::run_flag(&["--leader-election-retry-period", "--retry-period"])
+    {
+        args.push(format!("{flag}=1s"));
+    }
+    for identity in ["op-a", "op-b"] {
+        let options = OperatorOptions {
+            namespace: Some(env.ns.clone()),
+            lease: Some((env.ns.clone(), lease.clone())),
+            kubeconfig: None,
+            args: args.clone(),
+        };
+        env.start_operator_with(identity, options).await;
+    }
+    let leader = eventually("a Lease holder", WAIT, || async {
+        holder(&env, &lease)
+            .await
+            .filter(|h| h == "op-a" || h == "op-b")
+    })
+    .await;
+    let (lead, standby) = if leader == "op-a" { (0, 1) } else { (1, 0) };
+
+    env.create_cluster("one", json!({"role": "cache", "sources": []}))
+        .await
+        .expect("one");
+    wait_state(&env, "one", DEPLOYED).await;
+    assert_children(&env, "one").await;
+    assert!(reconciles(&env, lead) > 0.0, "the leader reconciled");
+    assert_eq!(
+        reconciles(&env, standby),
+        0.0,
+        "the standby reconciles (and writes) nothing"
+    );
+
+    let other = env.operators[standby].identity.clone();
+    env.operators[lead].terminate();
+    let stopped = Instant::now();
+    eventually(
+        &format!("{other} holds the Lease"),
+        Duration::from_secs(30),
+        || async { (holder(&env, &lease).await.as_deref() == Some(other.as_str())).then_some(()) },
+    )
+    .await;
+    let takeover = stopped.elapsed();
+    assert!(
+        takeover <= Duration::from_secs(2),
+        "{other} led {takeover:?} after SIGTERM to the leader"
+    );
+    let exit = env.operators[lead].wait_exit(Duration::from_secs(30)).await;
+    assert!(
+        exit.is_some_and(|s| s.success()),
+        "the old leader exits cleanly on SIGTERM: {exit:?}"
+    );
+    cdn_operator_e2e::say(&format!(
+        "e2e leader election: takeover {takeover:?} after SIGTERM"
+    ));
+
+    env.create_cluster("two", json!({"role": "cache", "sources": []}))
+        .await
+        .expect("two");
+    wait_state(&env, "two", DEPLOYED).await;
+    assert_children(&env, "two").await;
+    assert!(reconciles(&env, standby) > 0.0, "the new leader reconciles");
+}
+
+/// The shipped manifests, rendered by kustomize.
+fn shipped_manifests() -> Vec<serde_json::Value> {
+    let base = cdn_operator_e2e::repository_root().join("kustomize/base");
+    let output = std::process::Command::new("kubectl")
+        .arg("kustomize")
+        .arg(&base)
+        .output()
+        .unwrap_or_else(|e| panic!("kubectl kustomize {}: {e}", base.display()));
+    assert!(
+        output.status.success(),
+        "kubectl kustomize {}: {}",
+        base.display(),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let text = String::from_utf8(output.stdout).expect("UTF-8 manifests");
+    serde_yaml::Deserializer::from_str(&text)
+        .map(|doc| serde::Deserialize::deserialize(doc).expect("a YAML document"))
+        .collect()
+}
+
+fn shipped<'a>(manifests: &'a [serde_json::Value], kind: &str) -> &'a serde_json::Value {
+    manifests
+        .iter()
+        .find(|m| m["kind"] == kind)
+        .unwrap_or_else(|| panic!("kustomize/base ships no {kind}"))
+}
+
+#[tokio::test]
+async fn rbac_the_shipped_roles_are_enough_for_the_whole_job() {
+    let Some(mut env) = Env::new("rbac").await else {
+        return;
+    };
+    let manifests = shipped_manifests();
+    let account = shipped(&manifests, "ServiceAccount")["metadata"]["name"]
+        .as_str()
+        .expect("name")
+        .to_string();
+    let cluster_role: ClusterRole =
+        serde_json::from_value(shipped(&manifests, "ClusterRole").clone()).expect("ClusterRole");
+    let role: Role = serde_json::from_value(shipped(&manifests, "Role").clone()).expect("Role");
+    // The leader election Role limits leases to one name: the operator must use it.
+    let lease = role
+        .rules
+        .iter()
+        .flatten()
+        .filter(|r| r.resources.iter().flatten().any(|res| res == "leases"))
+        .find_map(|r| r.resource_names.as_ref().and_then(|n| n.first().cloned()))
+        .unwrap_or_else(|| "cdn-operator".into());
+
+    let ns = env.ns.clone();
+    let subject = json!([{"kind": "ServiceAccount", "name": account, "namespace": ns}]);
+    let sa: ServiceAccount =
+        serde_json::from_value(json!({"metadata": {"name": account}})).unwrap();
+    env.api::<ServiceAccount>()
+        .create(&PostParams::default(), &sa)
+        .await
+        .expect("ServiceAccount");
+    // The shipped rules under a name of this test, so a real installation is never touched.
+    let unique = format!("cdn-operator-{ns}");
+    let cr: ClusterRole =
+        serde_json::from_value(json!({"metadata": {"name": unique}, "rules": cluster_role.rules}))
+            .unwrap();
+    Api::<ClusterRole>::all(env.client.clone())
+        .create(&PostParams::default(), &cr)
+        .await
+        .expect("ClusterRole");
+    env.owns_cluster_scoped(
+        GroupVersionKind::gvk("rbac.authorization.k8s.io", "v1", "ClusterRole"),
+        &unique,
+    );
+    let crb: ClusterRoleBinding = serde_json::from_value(json!({"metadata": {"name": unique},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": unique}, "subjects": subject})).unwrap();
+    Api::<ClusterRoleBinding>::all(env.client.clone())
+        .create(&PostParams::default(), &crb)
+        .await
+        .expect("ClusterRoleBinding");
+    env.owns_cluster_scoped(
+        GroupVersionKind::gvk("rbac.authorization.k8s.io", "v1", "ClusterRoleBinding"),
+        &unique,
+    );
+    let r: Role =
+        serde_json::from_value(json!({"metadata": {"name": role.name_any()}, "rules": role.rules}))
+            .unwrap();
+    env.api::<Role>()
+        .create(&PostParams::default(), &r)
+        .await
+        .expect("Role");
+    let rb: RoleBinding = serde_json::from_value(json!({"metadata": {"name": role.name_any()},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role.name_any()}, "subjects": subject})).unwrap();
+    env.api::<RoleBinding>()
+        .create(&PostParams::default(), &rb)
+        .await
+        .expect("RoleBinding");
+
+    // The operator's client impersonates the ServiceAccount (kubeconfig `as:`).
+    let kubeconfig = cdn_operator_e2e::impersonating(
+        kube::config::Kubeconfig::read().expect("the kubeconfig"),
+        &format!("system:serviceaccount:{ns}:{account}"),
+    )
+    .expect("an impersonating kubeconfig");
+    let path = env.dir.path().join("impersonating.kubeconfig");
+    std::fs::write(
+        &path,
+        serde_yaml::to_string(&kubeconfig).expect("kubeconfig YAML"),
+    )
+    .expect("write kubeconfig");
+    let options = OperatorOptions {
+        namespace: Some(ns.clone()),
+        lease: Some((ns.clone(), lease.clone())),
+        kubeconfig: Some(path),
+        args: Vec::new(),
+    };
+    env.start_operator_with("as-service-account", options).await;
+
+    // The whole job: leadership, the seed topology, an invalid spec, a restore, an At, Events.
+    eventually("the operator leads", WAIT, || async {
+        (holder(&env, &lease).await.as_deref() == Some("as-service-account")).then_some(())
+    })
+    .await;
+    for name in [
+        "cdncluster-balancer",
+        "cdncluster-cache-live",
+        "cdncluster-cache-vod",
+    ] {
+        env.apply_yaml(&seed(name)).await.expect(name);
+    }
+    for name in ["balancer", "cache-live", "cache-vod"] {
+        wait_state(&env, name, DEPLOYED).await;
+        assert_children(&env, name).await;
+    }
+    env.create_cluster(
+        "self",
+        json!({"role": "cache", "sources": [{"name": "self"}]}),
+    )
+    .await
+    .expect("self");
+    wait_state(&env, "self", &[State::Invalid]).await;
+    env.api::<Deployment>()
+        .delete("cache-vod-deployment", &DeleteParams::default())
+        .await
+        .expect("delete");
+    eventually("cache-vod-deployment restored", WAIT, || async {
+        get::<Deployment>(&env, "cache-vod-deployment")
+            .await
+            .filter(|d| d.metadata.deletion_timestamp.is_none())
+    })
+    .await;
+    env.apply_yaml(&fixture("seed-examples/at-example.yaml"))
+        .await
+        .expect("example-at");
+    check_at_pod(&env, "example-at").await;
+    at_finishes(&env, "example-at", Some("YAY")).await;
+    assert!(!env.events().await.is_empty(), "Events were published");
+
+    let logs = env.operators[0].logs();
+    let forbidden: Vec<&str> = logs
+        .lines()
+        .filter(|l| {
+            let l = l.to_ascii_lowercase();
+            l.contains("forbidden") || l.contains(" 403") || l.contains("code: 403")
+        })
+        .collect();
+    assert!(
+        forbidden.is_empty(),
+        "forbidden calls with the shipped RBAC:\n{}",
+        forbidden.join("\n")
+    );
+}
