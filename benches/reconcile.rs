@@ -16,6 +16,7 @@
 use cdn_operator::api::{CdnCluster, CdnClusterSpec, Origin, Role, Source};
 use cdn_operator::cdncluster::status::{self, Observed};
 use cdn_operator::cdncluster::{self, build, sources, Context};
+use cdn_operator::compact::Compact;
 use cdn_operator::controller::{Backoff, CachesReady, Events, Leadership};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, Time};
 use kube::api::{Api, ListParams, PostParams};
@@ -359,9 +360,16 @@ fn memory_bench(n: usize) -> serde_json::Value {
     let before = rss_kib();
     // One kind after the other, so each store's growth is seen on its own.
     let (clusters, c_kib, c_bytes) = fill(n, |i| served_cluster(i, &now));
-    let (config_maps, m_kib, m_bytes) = fill(n, |i| served_objects(i, &specs, &now).1.config_map);
-    let (services, s_kib, s_bytes) = fill(n, |i| served_objects(i, &specs, &now).1.service);
-    let (deployments, d_kib, d_bytes) = fill(n, |i| served_objects(i, &specs, &now).1.deployment);
+    // Children as the operator caches them: compact (cdn_operator::compact::Compact).
+    let (config_maps, m_kib, m_bytes) = fill(n, |i| {
+        Compact::of(&served_objects(i, &specs, &now).1.config_map)
+    });
+    let (services, s_kib, s_bytes) = fill(n, |i| {
+        Compact::of(&served_objects(i, &specs, &now).1.service)
+    });
+    let (deployments, d_kib, d_bytes) = fill(n, |i| {
+        Compact::of(&served_objects(i, &specs, &now).1.deployment)
+    });
     let after = rss_kib();
     let delta = after.saturating_sub(before);
     let bytes = c_bytes + m_bytes + s_bytes + d_bytes;

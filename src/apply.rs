@@ -22,11 +22,19 @@ fn params() -> PatchParams {
 /// the desired object changes the hash, which the field-by-field comparison alone cannot see.
 pub const APPLIED_HASH_ANNOTATION: &str = "cdn-operator.anevia.com/applied-hash";
 
-/// Applies `desired` unless `observed` (the cached object) already contains every field of it.
-/// Returns the object the server answered with, or `None` when no request was needed.
-pub async fn apply<K>(api: &Api<K>, mut desired: K, observed: Option<&K>) -> kube::Result<Option<K>>
+/// Applies `desired` unless `observed` (the cached object, typed or [`Compact`]) already contains
+/// every field of it. Returns the object the server answered with, or `None` when no request
+/// was needed.
+///
+/// [`Compact`]: crate::compact::Compact
+pub async fn apply<K, O>(
+    api: &Api<K>,
+    mut desired: K,
+    observed: Option<&O>,
+) -> kube::Result<Option<K>>
 where
     K: Resource + Serialize + DeserializeOwned + Clone + Debug,
+    O: Serialize,
 {
     let hash = hash(&to_value(&desired));
     desired
@@ -39,6 +47,15 @@ where
         .patch(&desired.name_any(), &params(), &Patch::Apply(&desired))
         .await?;
     Ok(Some(applied))
+}
+
+/// Applies `desired` without looking at a cached copy (there is none, or it cannot be trusted).
+pub async fn apply_always<K>(api: &Api<K>, desired: K) -> kube::Result<K>
+where
+    K: Resource + Serialize + DeserializeOwned + Clone + Debug,
+{
+    let applied = apply(api, desired, None::<&K>).await?;
+    Ok(applied.expect("without a cached copy, apply always sends the request"))
 }
 
 /// Applies `status` to the status subresource of `object` unless its current status equals it.
@@ -119,7 +136,7 @@ fn to_value<T: Serialize>(value: &T) -> Value {
 /// `observed` (server defaults, other managers' fields, status) do not matter. Lists of objects
 /// with a `name` are matched by name, as the API server merges them; other lists must be equal in
 /// length and match element by element. Quantities are compared by value, as the server
-/// normalizes them (`0.5` becomes `500m`).
+/// normalizes them (`0.5` becomes `500m`). A long string of a compact cached copy is its digest.
 pub fn contains(observed: &Value, desired: &Value) -> bool {
     match (observed, desired) {
         (_, Value::Null) => true,
@@ -138,7 +155,9 @@ pub fn contains(observed: &Value, desired: &Value) -> bool {
                 o.len() == d.len() && o.iter().zip(d).all(|(ov, dv)| contains(ov, dv))
             }
         }
-        (Value::String(o), Value::String(d)) => o == d || quantity_eq(o, d),
+        (Value::String(o), Value::String(d)) => {
+            o == d || quantity_eq(o, d) || crate::compact::same_string(o, d)
+        }
         (o, d) => o == d,
     }
 }

@@ -6,6 +6,7 @@ pub mod apply;
 pub mod at;
 pub mod cdncluster;
 pub mod client;
+pub mod compact;
 pub mod conditions;
 pub mod controller;
 pub mod run;

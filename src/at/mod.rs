@@ -219,7 +219,7 @@ pub async fn reconcile(at: Arc<At>, ctx: Arc<Context>) -> Result<Action, Error> 
     match (plan.pod, pod) {
         (PodAction::Create, _) => {
             tracing::info!(%namespace, %name, "creating the pod");
-            apply::apply(&pods, build::pod(&at), None).await?;
+            apply::apply_always(&pods, build::pod(&at)).await?;
         }
         (PodAction::Release, Some(pod)) => {
             apply::remove_finalizer(&pods, pod.as_ref(), build::FINALIZER).await?;

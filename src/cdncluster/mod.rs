@@ -8,6 +8,7 @@ pub mod status;
 
 use crate::api::CdnCluster;
 use crate::apply::{self, APPLIED_HASH_ANNOTATION};
+use crate::compact::Compact;
 use crate::controller::{self, Backoff, CachesReady, Error, Events, Leadership, Scope};
 use build::{Children, MANAGED_BY, MANAGED_BY_LABEL};
 use futures::StreamExt;
@@ -36,9 +37,10 @@ pub struct Context {
     pub events: Events,
     pub leadership: Leadership,
     pub clusters: Store<CdnCluster>,
-    pub deployments: Store<Deployment>,
-    pub config_maps: Store<ConfigMap>,
-    pub services: Store<Service>,
+    /// Children are cached compact (see [`Compact`]): they are only compared and read for status.
+    pub deployments: Store<Compact<Deployment>>,
+    pub config_maps: Store<Compact<ConfigMap>>,
+    pub services: Store<Compact<Service>>,
     pub backoff: Backoff,
     /// Open once every cache above has listed: before that, a child missing from its cache may
     /// exist, and applying it would announce a creation that did not happen.
@@ -67,12 +69,16 @@ pub fn controller(
         scope.api::<CdnCluster>(client.clone()),
         watcher::Config::default(),
     );
-    let (deployments, deployment_events) =
-        controller::cached(scope.api::<Deployment>(client.clone()), children.clone());
-    let (config_maps, config_map_events) =
-        controller::cached(scope.api::<ConfigMap>(client.clone()), children.clone());
+    let (deployments, deployment_events) = controller::cached(
+        scope.api::<Compact<Deployment>>(client.clone()),
+        children.clone(),
+    );
+    let (config_maps, config_map_events) = controller::cached(
+        scope.api::<Compact<ConfigMap>>(client.clone()),
+        children.clone(),
+    );
     let (services, service_events) =
-        controller::cached(scope.api::<Service>(client.clone()), children);
+        controller::cached(scope.api::<Compact<Service>>(client.clone()), children);
 
     let (parents_tx, parents_rx) = mpsc::unbounded_channel();
     let store = clusters.clone();
@@ -230,14 +236,14 @@ async fn apply_children(
             .about(created.object_ref(&())),
         );
     }
-    Ok(applied.or_else(|| observed.map(|d| d.as_ref().clone())))
+    Ok(applied.or_else(|| observed.and_then(|d| d.typed().ok())))
 }
 
 /// Applies one child if needed and notes a restore when what changed was not the desired state.
 async fn apply_child<K>(
     ctx: &Context,
     namespace: &str,
-    cache: &Store<K>,
+    cache: &Store<Compact<K>>,
     desired: K,
     notices: &mut Vec<Notice>,
 ) -> Result<Option<K>, Error>
@@ -253,9 +259,9 @@ where
     let api: Api<K> = Api::namespaced(ctx.client.clone(), namespace);
     let applied = apply::apply(&api, desired, observed.as_deref()).await?;
     if let (Some(applied), Some(observed)) = (&applied, &observed) {
-        let hash = |o: &K| o.annotations().get(APPLIED_HASH_ANNOTATION).cloned();
         let kind = K::kind(&());
-        let notice = if hash(applied) == hash(observed) {
+        let applied_hash = applied.annotations().get(APPLIED_HASH_ANNOTATION);
+        let notice = if applied_hash == observed.annotations().get(APPLIED_HASH_ANNOTATION) {
             Notice::warning(
                 "ChildRestored",
                 format!("{kind} {name} was changed outside the operator; restored it"),

@@ -453,25 +453,19 @@ async fn main() -> ExitCode {
                 })
                 .expect("resolves");
                 let kids = build::children(cluster, &upstreams);
-                use cdn_operator::apply::apply;
-                apply(
+                use cdn_operator::apply::apply_always;
+                apply_always(
                     &Api::<ConfigMap>::namespaced(bare.clone(), &ns),
                     kids.config_map,
-                    None,
                 )
                 .await
                 .expect("ConfigMap");
-                apply(
-                    &Api::<Service>::namespaced(bare.clone(), &ns),
-                    kids.service,
-                    None,
-                )
-                .await
-                .expect("Service");
-                let deployment = apply(
+                apply_always(&Api::<Service>::namespaced(bare.clone(), &ns), kids.service)
+                    .await
+                    .expect("Service");
+                let deployment = apply_always(
                     &Api::<Deployment>::namespaced(bare.clone(), &ns),
                     kids.deployment,
-                    None,
                 )
                 .await
                 .expect("Deployment");
@@ -481,7 +475,7 @@ async fn main() -> ExitCode {
                     .expect("get");
                 let status = status::desired(
                     &live,
-                    Observed::Deployed(deployment.as_ref()),
+                    Observed::Deployed(Some(&deployment)),
                     &Time(jiff::Timestamp::now()),
                 );
                 cdn_operator::apply::apply_status(
