@@ -2,8 +2,7 @@
 
 use crate::api::At;
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, EmptyDirVolumeSource, Pod, PodSecurityContext, PodSpec,
-    SeccompProfile, SecurityContext, Volume, VolumeMount,
+    Container, EmptyDirVolumeSource, Pod, PodSpec, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::{Resource, ResourceExt};
@@ -62,17 +61,7 @@ pub fn pod(at: &At) -> Pod {
                 .unwrap_or_else(|| DEFAULT_IMAGE.into()),
         ),
         command: Some(vec!["/bin/sh".into(), "-c".into(), at.spec.command.clone()]),
-        security_context: Some(SecurityContext {
-            allow_privilege_escalation: Some(false),
-            privileged: Some(false),
-            read_only_root_filesystem: Some(true),
-            run_as_non_root: Some(true),
-            capabilities: Some(Capabilities {
-                drop: Some(vec!["ALL".into()]),
-                ..Capabilities::default()
-            }),
-            ..SecurityContext::default()
-        }),
+        security_context: Some(crate::restricted::container()),
         volume_mounts: Some(vec![VolumeMount {
             name: "tmp".into(),
             mount_path: "/tmp".into(),
@@ -96,16 +85,7 @@ pub fn pod(at: &At) -> Pod {
             host_network: Some(false),
             host_pid: Some(false),
             host_ipc: Some(false),
-            security_context: Some(PodSecurityContext {
-                run_as_non_root: Some(true),
-                run_as_user: Some(RUN_AS),
-                run_as_group: Some(RUN_AS),
-                seccomp_profile: Some(SeccompProfile {
-                    type_: "RuntimeDefault".into(),
-                    ..SeccompProfile::default()
-                }),
-                ..PodSecurityContext::default()
-            }),
+            security_context: Some(crate::restricted::pod(RUN_AS)),
             containers: vec![container],
             volumes: Some(vec![Volume {
                 name: "tmp".into(),

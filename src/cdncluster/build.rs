@@ -5,9 +5,9 @@ use super::sources::SERVICE_PORT;
 use crate::api::{CdnCluster, Role};
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{
-    Capabilities, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource,
-    HTTPGetAction, PodSecurityContext, PodSpec, PodTemplateSpec, Probe, ResourceRequirements,
-    SeccompProfile, SecurityContext, Service, ServicePort, ServiceSpec, Volume, VolumeMount,
+    ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource,
+    HTTPGetAction, PodSpec, PodTemplateSpec, Probe, ResourceRequirements, Service, ServicePort,
+    ServiceSpec, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
@@ -247,16 +247,7 @@ fn deployment(cluster: &CdnCluster, config_hash: &str) -> Deployment {
                 .clone()
                 .unwrap_or_else(default_resources),
         ),
-        security_context: Some(SecurityContext {
-            allow_privilege_escalation: Some(false),
-            read_only_root_filesystem: Some(true),
-            run_as_non_root: Some(true),
-            capabilities: Some(Capabilities {
-                drop: Some(vec!["ALL".into()]),
-                ..Capabilities::default()
-            }),
-            ..SecurityContext::default()
-        }),
+        security_context: Some(crate::restricted::container()),
         volume_mounts: Some(mounts),
         ..Container::default()
     };
@@ -281,17 +272,7 @@ fn deployment(cluster: &CdnCluster, config_hash: &str) -> Deployment {
                 spec: Some(PodSpec {
                     automount_service_account_token: Some(false),
                     enable_service_links: Some(false),
-                    security_context: Some(PodSecurityContext {
-                        run_as_non_root: Some(true),
-                        run_as_user: Some(NGINX_UID),
-                        run_as_group: Some(NGINX_UID),
-                        fs_group: Some(NGINX_UID),
-                        seccomp_profile: Some(SeccompProfile {
-                            type_: "RuntimeDefault".into(),
-                            ..SeccompProfile::default()
-                        }),
-                        ..PodSecurityContext::default()
-                    }),
+                    security_context: Some(crate::restricted::pod(NGINX_UID)),
                     containers: vec![container],
                     volumes: Some(volumes),
                     ..PodSpec::default()
