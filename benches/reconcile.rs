@@ -13,7 +13,7 @@
 //!
 //! Under `cargo test` (no `--bench` argument) it runs a small size, as a check of the invariants.
 
-use cdn_operator::api::{CdnCluster, CdnClusterSpec, Origin, Role, Source};
+use cdn_operator::api::{CdnCluster, CdnClusterSpec, Role, Source};
 use cdn_operator::cdncluster::status::{self, Observed};
 use cdn_operator::cdncluster::{self, build, sources, Context};
 use cdn_operator::compact::Compact;
@@ -61,22 +61,15 @@ fn cluster(i: usize) -> CdnCluster {
     let namespace = format!("bench-{}", group % NAMESPACES);
     let (name, spec) = if i.is_multiple_of(GROUP) {
         let sources = (1..GROUP)
-            .map(|k| Source {
-                name: format!("c{group}-{k}"),
-                path_condition: Some(format!("^/c{k}/")),
-                origin: None,
-            })
+            .map(|k| Source::cluster(&format!("c{group}-{k}"), Some(&format!("^/c{k}/"))))
             .collect();
         (format!("b{group}"), spec(Role::Balancer, sources))
     } else {
-        let origin = Source {
-            name: "origin".into(),
-            path_condition: None,
-            origin: Some(Origin {
-                url: Some(format!("http://origin-{group}.example.com:8080/media")),
-                service: None,
-            }),
-        };
+        let origin = Source::url(
+            "origin",
+            &format!("http://origin-{group}.example.com:8080/media"),
+            None,
+        );
         (
             format!("c{group}-{}", i % GROUP),
             spec(Role::Cache, vec![origin]),
@@ -89,12 +82,8 @@ fn cluster(i: usize) -> CdnCluster {
 
 fn spec(role: Role, sources: Vec<Source>) -> CdnClusterSpec {
     CdnClusterSpec {
-        role,
-        sources,
         replicas: 2,
-        image: None,
-        resources: None,
-        cache: None,
+        ..CdnClusterSpec::new(role, sources)
     }
 }
 

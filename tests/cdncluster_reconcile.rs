@@ -143,21 +143,11 @@ impl Cluster {
 
     /// Creates a CdnCluster as a user would (not one of the operator's writes).
     async fn create(&self, name: &str, role: Role, sources: &[(&str, Option<&str>)]) {
-        let spec = CdnClusterSpec {
-            role,
-            sources: sources
-                .iter()
-                .map(|(n, p)| Source {
-                    name: n.to_string(),
-                    path_condition: p.map(Into::into),
-                    origin: None,
-                })
-                .collect(),
-            replicas: 1,
-            image: None,
-            resources: None,
-            cache: None,
-        };
+        let sources = sources
+            .iter()
+            .map(|(n, p)| Source::cluster(n, *p))
+            .collect();
+        let spec = CdnClusterSpec::new(role, sources);
         self.api::<CdnCluster>()
             .create(&PostParams::default(), &CdnCluster::new(name, spec))
             .await

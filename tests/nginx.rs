@@ -5,9 +5,7 @@
 //! of the configuration to loopback addresses, so the configurations under test are exactly the
 //! ones the operator ships, with only the listen address and file paths moved.
 
-use cdn_operator::api::{
-    CacheSpec, CdnCluster, CdnClusterSpec, Origin, Role, ServiceOrigin, Source,
-};
+use cdn_operator::api::{CacheSpec, CdnCluster, CdnClusterSpec, Role, Source};
 use cdn_operator::cdncluster::build;
 use cdn_operator::cdncluster::nginx::{Paths, CACHE_STATUS_HEADER};
 use cdn_operator::cdncluster::sources;
@@ -27,51 +25,8 @@ fn nginx() -> PathBuf {
     panic!("nginx is not installed: run scripts/install-test-deps.sh (./test.sh does)");
 }
 
-fn source(name: &str, path: Option<&str>) -> Source {
-    Source {
-        name: name.into(),
-        path_condition: path.map(Into::into),
-        origin: None,
-    }
-}
-
-fn origin_service(label: &str, service: &str, path: Option<&str>) -> Source {
-    Source {
-        name: label.into(),
-        path_condition: path.map(Into::into),
-        origin: Some(Origin {
-            url: None,
-            service: Some(ServiceOrigin {
-                name: service.into(),
-                port: 80,
-            }),
-        }),
-    }
-}
-
-fn origin_url(label: &str, url: &str, path: Option<&str>) -> Source {
-    Source {
-        name: label.into(),
-        path_condition: path.map(Into::into),
-        origin: Some(Origin {
-            url: Some(url.into()),
-            service: None,
-        }),
-    }
-}
-
 fn cluster(name: &str, role: Role, sources: Vec<Source>) -> CdnCluster {
-    let mut c = CdnCluster::new(
-        name,
-        CdnClusterSpec {
-            role,
-            sources,
-            replicas: 1,
-            image: None,
-            resources: None,
-            cache: None,
-        },
-    );
+    let mut c = CdnCluster::new(name, CdnClusterSpec::new(role, sources));
     c.metadata.namespace = Some("default".into());
     c.metadata.uid = Some(format!("{name}-uid"));
     c
@@ -146,7 +101,7 @@ fn every_generated_configuration_passes_nginx_t() {
     let mut tuned = cluster(
         "cache-tuned",
         Role::Cache,
-        vec![origin_url(
+        vec![Source::url(
             "web",
             "https://origin.example.com:8443/media/",
             None,
@@ -163,8 +118,8 @@ fn every_generated_configuration_passes_nginx_t() {
             "balancer",
             Role::Balancer,
             vec![
-                source("cache-live", Some("^/live/")),
-                source("cache-vod", Some("^/vod/")),
+                Source::cluster("cache-live", Some("^/live/")),
+                Source::cluster("cache-vod", Some("^/vod/")),
             ],
         ),
         // The seed caches: no sources at all.
@@ -175,23 +130,23 @@ fn every_generated_configuration_passes_nginx_t() {
             "balancer-default",
             Role::Balancer,
             vec![
-                source("cache-live", Some("^/live/")),
-                source("cache-vod", None),
+                Source::cluster("cache-live", Some("^/live/")),
+                Source::cluster("cache-vod", None),
             ],
         ),
         // Only a default.
         cluster(
             "balancer-one",
             Role::Balancer,
-            vec![source("cache-live", None)],
+            vec![Source::cluster("cache-live", None)],
         ),
         // Origins: URL (http with path, https with port) and Service.
         cluster(
             "cache-origins",
             Role::Cache,
             vec![
-                origin_url("hls", "http://origin.example.com/hls", Some("\\.m3u8$")),
-                origin_service("store", "vod-store", None),
+                Source::url("hls", "http://origin.example.com/hls", Some("\\.m3u8$")),
+                Source::service("store", "vod-store", 80, None),
             ],
         ),
         tuned,
@@ -200,8 +155,8 @@ fn every_generated_configuration_passes_nginx_t() {
             "balancer-regex",
             Role::Balancer,
             vec![
-                source("cache-live", Some(r#"^/(live|hls)/[a-z]{2,8}/.*\.ts$"#)),
-                source("cache-vod", Some(r#"^/vod/"quoted"/\d+;x$"#)),
+                Source::cluster("cache-live", Some(r#"^/(live|hls)/[a-z]{2,8}/.*\.ts$"#)),
+                Source::cluster("cache-vod", Some(r#"^/vod/"quoted"/\d+;x$"#)),
             ],
         ),
     ];
@@ -377,27 +332,27 @@ fn seed_topology_routes_caches_and_answers_404() {
     let cache_live = cluster(
         "cache-live",
         Role::Cache,
-        vec![origin_service("origin", "origin-live", None)],
+        vec![Source::service("origin", "origin-live", 80, None)],
     );
     let cache_vod = cluster(
         "cache-vod",
         Role::Cache,
-        vec![origin_service("origin", "origin-vod", None)],
+        vec![Source::service("origin", "origin-vod", 80, None)],
     );
     let balancer = cluster(
         "balancer",
         Role::Balancer,
         vec![
-            source("cache-live", Some("^/live/")),
-            source("cache-vod", Some("^/vod/")),
+            Source::cluster("cache-live", Some("^/live/")),
+            Source::cluster("cache-vod", Some("^/vod/")),
         ],
     );
     let balancer_default = cluster(
         "balancer-default",
         Role::Balancer,
         vec![
-            source("cache-live", Some("^/live/")),
-            source("cache-vod", None),
+            Source::cluster("cache-live", Some("^/live/")),
+            Source::cluster("cache-vod", None),
         ],
     );
     let world = [

@@ -60,6 +60,57 @@ fn default_replicas() -> i32 {
     1
 }
 
+impl CdnClusterSpec {
+    /// The spec of a `role` cluster fetching from `sources`, every tuning at its default.
+    pub fn new(role: Role, sources: Vec<Source>) -> Self {
+        CdnClusterSpec {
+            role,
+            sources,
+            replicas: default_replicas(),
+            image: None,
+            resources: None,
+            cache: None,
+        }
+    }
+}
+
+impl Source {
+    /// The CdnCluster `name` of the same namespace, for the paths `path_condition` matches (the
+    /// default source without one).
+    pub fn cluster(name: &str, path_condition: Option<&str>) -> Self {
+        Source {
+            name: name.into(),
+            path_condition: path_condition.map(Into::into),
+            origin: None,
+        }
+    }
+
+    /// The origin at `url`, labelled `name`.
+    pub fn url(name: &str, url: &str, path_condition: Option<&str>) -> Self {
+        Source {
+            origin: Some(Origin {
+                url: Some(url.into()),
+                service: None,
+            }),
+            ..Source::cluster(name, path_condition)
+        }
+    }
+
+    /// The Service origin `service:port` of the same namespace, labelled `name`.
+    pub fn service(name: &str, service: &str, port: i32, path_condition: Option<&str>) -> Self {
+        Source {
+            origin: Some(Origin {
+                url: None,
+                service: Some(ServiceOrigin {
+                    name: service.into(),
+                    port,
+                }),
+            }),
+            ..Source::cluster(name, path_condition)
+        }
+    }
+}
+
 /// The role of every instance of a CdnCluster.
 #[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]

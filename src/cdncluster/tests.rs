@@ -13,26 +13,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-fn source(name: &str, path: Option<&str>) -> Source {
-    Source {
-        name: name.into(),
-        path_condition: path.map(Into::into),
-        origin: None,
-    }
-}
-
 fn cluster(name: &str, role: Role, sources: Vec<Source>) -> CdnCluster {
-    let mut c = CdnCluster::new(
-        name,
-        CdnClusterSpec {
-            role,
-            sources,
-            replicas: 1,
-            image: None,
-            resources: None,
-            cache: None,
-        },
-    );
+    let mut c = CdnCluster::new(name, CdnClusterSpec::new(role, sources));
     c.metadata.namespace = Some("default".into());
     c.metadata.uid = Some(format!("uid-{name}"));
     c.metadata.generation = Some(1);
@@ -54,8 +36,8 @@ fn seed() -> Vec<CdnCluster> {
             "balancer",
             Role::Balancer,
             vec![
-                source("cache-live", Some("^/live/")),
-                source("cache-vod", Some("^/vod/")),
+                Source::cluster("cache-live", Some("^/live/")),
+                Source::cluster("cache-vod", Some("^/vod/")),
             ],
         ),
         cluster("cache-live", Role::Cache, vec![]),
@@ -94,25 +76,36 @@ fn invalid_specs_are_refused_with_a_reason() {
         Err(Problem::Invalid(message)) => message,
         other => panic!("expected Invalid, got {other:?}"),
     };
-    let itself = cluster("a", Role::Cache, vec![source("a", None)]);
+    let itself = cluster("a", Role::Cache, vec![Source::cluster("a", None)]);
     assert!(invalid(&itself, &[]).contains("lists itself"));
 
     let twice = cluster(
         "a",
         Role::Cache,
-        vec![source("b", None), source("b", Some("^/x"))],
+        vec![
+            Source::cluster("b", None),
+            Source::cluster("b", Some("^/x")),
+        ],
     );
     assert!(invalid(&twice, &[]).contains("listed twice"));
 
-    let defaults = cluster("a", Role::Cache, vec![source("b", None), source("c", None)]);
+    let defaults = cluster(
+        "a",
+        Role::Cache,
+        vec![Source::cluster("b", None), Source::cluster("c", None)],
+    );
     assert!(invalid(&defaults, &[]).contains("at most one source may be the default"));
 
-    let regex = cluster("a", Role::Cache, vec![source("b", Some("^/(live"))]);
+    let regex = cluster(
+        "a",
+        Role::Cache,
+        vec![Source::cluster("b", Some("^/(live"))],
+    );
     assert!(invalid(&regex, &[]).contains("not a valid regular expression"));
 
-    let a = cluster("a", Role::Balancer, vec![source("b", None)]);
-    let b = cluster("b", Role::Cache, vec![source("c", None)]);
-    let c = cluster("c", Role::Cache, vec![source("a", None)]);
+    let a = cluster("a", Role::Balancer, vec![Source::cluster("b", None)]);
+    let b = cluster("b", Role::Cache, vec![Source::cluster("c", None)]);
+    let c = cluster("c", Role::Cache, vec![Source::cluster("a", None)]);
     let all = [a.clone(), b, c];
     assert_eq!(invalid(&a, &all), "sources form a cycle: a → b → c → a");
 
@@ -125,9 +118,9 @@ fn invalid_specs_are_refused_with_a_reason() {
 #[test]
 fn a_cycle_elsewhere_in_the_graph_does_not_invalidate_a_parent() {
     // top → a → b → a: top is not on the cycle; it waits on nothing and deploys.
-    let top = cluster("top", Role::Balancer, vec![source("a", None)]);
-    let a = cluster("a", Role::Cache, vec![source("b", None)]);
-    let b = cluster("b", Role::Cache, vec![source("a", None)]);
+    let top = cluster("top", Role::Balancer, vec![Source::cluster("a", None)]);
+    let a = cluster("a", Role::Cache, vec![Source::cluster("b", None)]);
+    let b = cluster("b", Role::Cache, vec![Source::cluster("a", None)]);
     let all = [top.clone(), a, b];
     assert!(sources::resolve(&top, world(&all)).is_ok());
 }
@@ -426,7 +419,7 @@ fn status_follows_the_deployment() {
 
 #[test]
 fn unchanged_status_keeps_transition_times_and_emits_nothing() {
-    let mut c = cluster("c", Role::Cache, vec![source("x", None)]);
+    let mut c = cluster("c", Role::Cache, vec![Source::cluster("x", None)]);
     let missing = Problem::Missing(vec!["x".into()]);
     let first = status::desired(&c, Observed::Problem(&missing), &now());
     assert_eq!(first.state, Some(State::WaitingSource));
