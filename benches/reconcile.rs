@@ -17,7 +17,7 @@ use cdn_operator::api::{CdnCluster, CdnClusterSpec, Role, Source};
 use cdn_operator::cdncluster::status::{self, Observed};
 use cdn_operator::cdncluster::{self, build, sources, Context};
 use cdn_operator::compact::Compact;
-use cdn_operator::controller::{Backoff, CachesReady, Events, Leadership};
+use cdn_operator::controller::{Backoff, CachesReady, Events};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, Time};
 use kube::api::{Api, ListParams, PostParams};
 use kube::runtime::reflector::{self, Store};
@@ -152,7 +152,6 @@ async fn context(client: &Client) -> Arc<Context> {
     Arc::new(Context {
         client: client.clone(),
         events: Events::new(client.clone(), Some("bench".into())),
-        leadership: Leadership::always(),
         clusters: store(client).await,
         deployments: store(client).await,
         config_maps: store(client).await,

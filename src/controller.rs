@@ -150,8 +150,9 @@ pub fn key<K: Resource>(obj: &K) -> String {
     format!("{}/{}", obj.namespace().unwrap_or_default(), obj.name_any())
 }
 
-/// Whether this replica may write. Standby replicas keep their caches warm and reconcile nothing;
-/// each acquisition of leadership triggers a full reconcile.
+/// Whether this replica may write. Standby replicas keep their caches warm and reconcile nothing:
+/// the runtime calls no reconcile on them (`runtime::instrument::Reconciles`), and each acquisition
+/// of leadership triggers a full reconcile (`acquired`, given to each controller).
 #[derive(Clone)]
 pub struct Leadership {
     tx: Arc<watch::Sender<bool>>,

@@ -7,7 +7,7 @@
 
 use cdn_operator::api::{At, AtSpec, Outcome, Phase};
 use cdn_operator::at::{self, build, status, Clock, Context};
-use cdn_operator::controller::{Backoff, CachesReady, Events, Leadership};
+use cdn_operator::controller::{Backoff, CachesReady, Events};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -168,7 +168,6 @@ impl Harness {
         let ctx = Arc::new(Context {
             client: client.clone(),
             events: Events::new(client.clone(), None),
-            leadership: Leadership::always(),
             ats: at_store,
             pods: pod_store,
             backoff: Backoff::default(),

@@ -7,6 +7,8 @@
 use cdn_operator::api::{CdnCluster, CdnClusterSpec, Role, Source, State};
 use cdn_operator::cdncluster::{self, build, Context};
 use cdn_operator::controller::{Backoff, CachesReady, Events, Leadership};
+use cdn_operator::runtime::instrument::Reconciles;
+use cdn_operator::runtime::metrics::Metrics;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use k8s_openapi::api::events::v1::Event;
@@ -210,7 +212,6 @@ impl Cluster {
         Arc::new(Context {
             client: self.client.clone(),
             events: self.events.clone(),
-            leadership: Leadership::always(),
             clusters: self.store().await,
             deployments: self.store().await,
             config_maps: self.store().await,
@@ -730,10 +731,15 @@ async fn api_errors_retry_with_backoff() {
 async fn a_standby_replica_writes_nothing() {
     let c = Cluster::new().await;
     c.create("foo", Role::Cache, &[]).await;
-    let mut ctx = Arc::try_unwrap(c.context().await).ok().unwrap();
-    ctx.leadership = Leadership::standby();
+    // The runtime calls every reconcile through this gate; on a standby it does not call it.
+    let gate = Reconciles::new(
+        Metrics::new().controller(cdncluster::CONTROLLER, 1),
+        Leadership::standby(),
+    );
     let obj = Arc::new(c.get_cluster("foo").await);
-    cdncluster::reconcile(obj, Arc::new(ctx)).await.unwrap();
+    gate.run(obj, c.context().await, cdncluster::reconcile)
+        .await
+        .unwrap();
     assert_eq!(c.take_writes(), Vec::<String>::new());
     assert!(c.deployment("foo").await.is_none());
 }

@@ -63,7 +63,6 @@ impl Clock for SystemClock {
 pub struct Context {
     pub client: Client,
     pub events: Events,
-    pub leadership: Leadership,
     pub ats: Store<At>,
     /// The pods of Ats (selected by [`build::selector`]).
     pub pods: Store<Pod>,
@@ -147,7 +146,6 @@ pub fn controller(
     let context = Arc::new(Context {
         client,
         events,
-        leadership,
         ats,
         pods,
         backoff: Backoff::default(),
@@ -180,9 +178,6 @@ pub fn owners(pod: Pod) -> Vec<ObjectRef<At>> {
 /// Reconciles one At: plan from the caches; if the plan writes anything, plan again from a fresh
 /// read of the At; write the status, publish the Events, then act on the pod.
 pub async fn reconcile(at: Arc<At>, ctx: Arc<Context>) -> Result<Action, Error> {
-    if !ctx.leadership.is_leader() {
-        return Ok(Action::await_change());
-    }
     ctx.wait_until_ready().await;
     let namespace = at.namespace().unwrap_or_default();
     let name = at.name_any();
@@ -241,9 +236,6 @@ pub fn error_policy(at: Arc<At>, error: &Error, ctx: Arc<Context>) -> Action {
 /// The janitor: releases the finalizer of a pod being deleted whose At is gone (or is another At
 /// of the same name). While the At exists, its own reconcile decides.
 pub async fn release_orphan(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error> {
-    if !ctx.leadership.is_leader() {
-        return Ok(Action::await_change());
-    }
     ctx.wait_until_ready().await;
     if pod.metadata.deletion_timestamp.is_none() || !build::held(&pod) {
         return Ok(Action::await_change());

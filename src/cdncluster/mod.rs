@@ -35,7 +35,6 @@ pub const CONTROLLER: &str = "cdncluster";
 pub struct Context {
     pub client: Client,
     pub events: Events,
-    pub leadership: Leadership,
     pub clusters: Store<CdnCluster>,
     /// Children are cached compact (see [`Compact`]): they are only compared and read for status.
     pub deployments: Store<Compact<Deployment>>,
@@ -121,7 +120,6 @@ pub fn controller(
     let context = Arc::new(Context {
         client,
         events,
-        leadership,
         clusters,
         deployments,
         config_maps,
@@ -152,9 +150,6 @@ pub fn parents(store: &Store<CdnCluster>, changed: &CdnCluster) -> Vec<ObjectRef
 
 /// Reconciles one CdnCluster.
 pub async fn reconcile(cluster: Arc<CdnCluster>, ctx: Arc<Context>) -> Result<Action, Error> {
-    if !ctx.leadership.is_leader() {
-        return Ok(Action::await_change());
-    }
     ctx.wait_until_ready().await;
     let namespace = cluster.namespace().unwrap_or_default();
     let name = cluster.name_any();
