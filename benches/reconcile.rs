@@ -17,40 +17,19 @@ use cdn_operator::api::{CdnCluster, CdnClusterSpec, Role, Source};
 use cdn_operator::cdncluster::status::{self, Observed};
 use cdn_operator::cdncluster::{self, build, sources, Context};
 use cdn_operator::compact::Compact;
-use cdn_operator::controller::{Backoff, CachesReady, Events};
+use cdn_operator::controller::Events;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, Time};
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::{Api, PostParams};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher;
-use kube::{Client, Resource, ResourceExt};
-use kube_fake_client::{interceptor, ClientBuilder};
-use serde::de::DeserializeOwned;
+use kube::{Resource, ResourceExt};
 use std::collections::{BTreeMap, HashMap};
-use std::fmt::Debug;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+use support::FakeApi;
 
-/// kube-fake-client reads the GVK of a status subresource from `K::default()` (see
-/// tests/cdncluster_reconcile.rs).
-mod gvk {
-    #[derive(
-        kube::CustomResource,
-        serde::Serialize,
-        serde::Deserialize,
-        Clone,
-        Debug,
-        Default,
-        schemars::JsonSchema,
-    )]
-    #[kube(
-        group = "cluster.anevia.com",
-        version = "v1",
-        kind = "CdnCluster",
-        namespaced,
-        derive = "Default"
-    )]
-    pub struct Spec {}
-}
+#[path = "../tests/support/mod.rs"]
+mod support;
 
 const NAMESPACES: usize = 10;
 const GROUP: usize = 10;
@@ -87,80 +66,6 @@ fn spec(role: Role, sources: Vec<Source>) -> CdnClusterSpec {
     }
 }
 
-/// Writes sent to the in-memory API, by "verb Kind".
-type Writes = Arc<Mutex<BTreeMap<String, u64>>>;
-
-fn kind_of(v: &serde_json::Value) -> String {
-    v.get("kind")
-        .and_then(|k| k.as_str())
-        .unwrap_or("?")
-        .to_string()
-}
-
-async fn fake() -> (Client, Writes) {
-    let writes: Writes = Arc::default();
-    let count = |writes: &Writes, key: String| {
-        *writes.lock().unwrap().entry(key).or_insert(0) += 1;
-        Ok(None)
-    };
-    let (w1, w2, w3, w4, w5) = (
-        writes.clone(),
-        writes.clone(),
-        writes.clone(),
-        writes.clone(),
-        writes.clone(),
-    );
-    let funcs = interceptor::Funcs::new()
-        .create(move |ctx| count(&w1, format!("create {}", kind_of(ctx.object))))
-        .patch(move |ctx| count(&w2, format!("apply {}", kind_of(ctx.patch))))
-        .patch_status(move |ctx| count(&w3, format!("apply-status {}", kind_of(ctx.patch))))
-        .update(move |ctx| count(&w4, format!("update {}", kind_of(ctx.object))))
-        .replace_status(move |_| count(&w5, "replace-status".into()));
-    let client = ClientBuilder::new()
-        .with_resource::<CdnCluster>()
-        .with_status_subresource::<gvk::CdnCluster>()
-        .with_interceptor_funcs(funcs)
-        .build()
-        .await
-        .expect("fake client");
-    (client, writes)
-}
-
-/// A cache as fresh as the watches would make it: every object of every namespace, listed.
-async fn store<K>(client: &Client) -> Store<K>
-where
-    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
-        + Clone
-        + DeserializeOwned
-        + Debug
-        + Send
-        + Sync
-        + 'static,
-{
-    let (reader, mut writer) = reflector::store();
-    for ns in 0..NAMESPACES {
-        let api: Api<K> = Api::namespaced(client.clone(), &format!("bench-{ns}"));
-        for mut obj in api.list(&ListParams::default()).await.expect("list") {
-            obj.managed_fields_mut().clear();
-            writer.apply_watcher_event(&watcher::Event::Apply(obj));
-        }
-    }
-    reader
-}
-
-async fn context(client: &Client) -> Arc<Context> {
-    Arc::new(Context {
-        client: client.clone(),
-        events: Events::new(client.clone(), Some("bench".into())),
-        clusters: store(client).await,
-        deployments: store(client).await,
-        config_maps: store(client).await,
-        services: store(client).await,
-        backoff: Backoff::default(),
-        ready: CachesReady::already(),
-    })
-}
-
 struct Pass {
     elapsed: Duration,
     writes: BTreeMap<String, u64>,
@@ -168,9 +73,9 @@ struct Pass {
 
 /// Reconciles every CdnCluster of the caches once, one after the other (the figure is the
 /// operator's cost per reconcile; the controller runs up to 16 at once).
-async fn pass(ctx: &Arc<Context>, writes: &Writes) -> Pass {
+async fn pass(ctx: &Arc<Context>, fake: &FakeApi) -> Pass {
     let clusters = ctx.clusters.state();
-    writes.lock().unwrap().clear();
+    fake.take_writes();
     let start = Instant::now();
     for cluster in clusters {
         cdncluster::reconcile(cluster, ctx.clone())
@@ -178,10 +83,13 @@ async fn pass(ctx: &Arc<Context>, writes: &Writes) -> Pass {
             .expect("reconcile");
     }
     let elapsed = start.elapsed();
-    Pass {
-        elapsed,
-        writes: std::mem::take(&mut *writes.lock().unwrap()),
+    // By "verb Kind": the log names each object too.
+    let mut writes = BTreeMap::new();
+    for entry in fake.take_writes() {
+        let kind: Vec<&str> = entry.split(' ').take(2).collect();
+        *writes.entry(kind.join(" ")).or_insert(0) += 1;
     }
+    Pass { elapsed, writes }
 }
 
 fn total(writes: &BTreeMap<String, u64>) -> u64 {
@@ -189,7 +97,8 @@ fn total(writes: &BTreeMap<String, u64>) -> u64 {
 }
 
 async fn reconcile_bench(n: usize) -> serde_json::Value {
-    let (client, writes) = fake().await;
+    let fake = FakeApi::new().await;
+    let client = fake.client.clone();
     for i in 0..n {
         let c = cluster(i);
         let api: Api<CdnCluster> =
@@ -198,11 +107,12 @@ async fn reconcile_bench(n: usize) -> serde_json::Value {
             .await
             .expect("create");
     }
-    let ctx = context(&client).await;
-    let first = pass(&ctx, &writes).await;
+    let events = || Events::new(client.clone(), Some("bench".into()));
+    let ctx = fake.context(events()).await;
+    let first = pass(&ctx, &fake).await;
     // The watches deliver what the first pass wrote; then nothing is left to do.
-    let ctx = context(&client).await;
-    let second = pass(&ctx, &writes).await;
+    let ctx = fake.context(events()).await;
+    let second = pass(&ctx, &fake).await;
 
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
     println!("== in-memory reconcile (kube-fake-client, not a real API server) ==");
@@ -227,7 +137,7 @@ async fn reconcile_bench(n: usize) -> serde_json::Value {
     }
     println!("first-pass writes by kind: {:?}", first.writes);
     assert_eq!(
-        first.writes.get("apply ConfigMap").copied().unwrap_or(0) as usize,
+        first.writes.get("patch ConfigMap").copied().unwrap_or(0) as usize,
         n,
         "one ConfigMap apply per CdnCluster"
     );

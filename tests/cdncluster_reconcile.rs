@@ -6,7 +6,7 @@
 
 use cdn_operator::api::{CdnCluster, CdnClusterSpec, Role, Source, State};
 use cdn_operator::cdncluster::{self, build, Context};
-use cdn_operator::controller::{Backoff, CachesReady, Events, Leadership};
+use cdn_operator::controller::{Events, Leadership};
 use cdn_operator::runtime::instrument::Reconciles;
 use cdn_operator::runtime::metrics::Metrics;
 use k8s_openapi::api::apps::v1::Deployment;
@@ -14,126 +14,37 @@ use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
-use kube::runtime::reflector::{self, Store};
-use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
-use kube_fake_client::{interceptor, ClientBuilder};
-use serde::de::DeserializeOwned;
 use serde_json::json;
-use std::fmt::Debug;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 const NS: &str = "default";
 
-/// kube-fake-client reads the group/version/kind of a status subresource from `K::default()`;
-/// CdnCluster has no meaningful default, so this type names the same GVK.
-mod gvk {
-    #[derive(
-        kube::CustomResource,
-        serde::Serialize,
-        serde::Deserialize,
-        Clone,
-        Debug,
-        Default,
-        schemars::JsonSchema,
-    )]
-    #[kube(
-        group = "cluster.anevia.com",
-        version = "v1",
-        kind = "CdnCluster",
-        namespaced,
-        derive = "Default"
-    )]
-    pub struct Spec {}
-}
+mod support;
 
 /// The in-memory API, with a log of every write request sent to it.
 struct Cluster {
+    fake: support::FakeApi,
     client: Client,
     /// One recorder for the whole test, as the operator has: it folds repeated Events.
     events: Events,
-    writes: Arc<Mutex<Vec<String>>>,
     /// A write to fail, by "verb kind name" prefix, to exercise errors.
-    fail: Arc<Mutex<Option<String>>>,
-}
-
-fn kind_of(v: &serde_json::Value) -> String {
-    v.get("kind")
-        .and_then(|k| k.as_str())
-        .unwrap_or("?")
-        .to_string()
+    fail: support::Failure,
 }
 
 impl Cluster {
     async fn new() -> Cluster {
-        let writes = Arc::new(Mutex::new(Vec::new()));
-        let fail: Arc<Mutex<Option<String>>> = Arc::new(Mutex::new(None));
-        let record =
-            |writes: &Arc<Mutex<Vec<String>>>, fail: &Arc<Mutex<Option<String>>>, entry: String| {
-                let injected = fail
-                    .lock()
-                    .unwrap()
-                    .as_ref()
-                    .is_some_and(|f| entry.starts_with(f.as_str()));
-                writes.lock().unwrap().push(entry.clone());
-                if injected {
-                    Err(kube_fake_client::Error::Internal(format!(
-                        "injected failure of {entry}"
-                    )))
-                } else {
-                    Ok(None)
-                }
-            };
-        let (w1, w2, w3, w4, w5) = (
-            writes.clone(),
-            writes.clone(),
-            writes.clone(),
-            writes.clone(),
-            writes.clone(),
-        );
-        let (f1, f2, f3, f4, f5) = (
-            fail.clone(),
-            fail.clone(),
-            fail.clone(),
-            fail.clone(),
-            fail.clone(),
-        );
-        let funcs = interceptor::Funcs::new()
-            .create(move |ctx| record(&w1, &f1, format!("create {}", kind_of(ctx.object))))
-            .patch(move |ctx| {
-                record(
-                    &w2,
-                    &f2,
-                    format!("patch {} {}", kind_of(ctx.patch), ctx.name),
-                )
-            })
-            .patch_status(move |ctx| {
-                record(
-                    &w3,
-                    &f3,
-                    format!("status {} {}", kind_of(ctx.patch), ctx.name),
-                )
-            })
-            .update(move |ctx| record(&w4, &f4, format!("update {}", kind_of(ctx.object))))
-            .replace_status(move |ctx| record(&w5, &f5, format!("replace-status {}", ctx.name)));
-        let client = ClientBuilder::new()
-            .with_resource::<CdnCluster>()
-            .with_status_subresource::<gvk::CdnCluster>()
-            .with_interceptor_funcs(funcs)
-            .build()
-            .await
-            .expect("fake client");
-        let events = Events::new(client.clone(), Some("test".into()));
+        let fake = support::FakeApi::new().await;
         Cluster {
-            client,
-            events,
-            writes,
-            fail,
+            client: fake.client.clone(),
+            events: Events::new(fake.client.clone(), Some("test".into())),
+            fail: fake.fail.clone(),
+            fake,
         }
     }
 
     fn take_writes(&self) -> Vec<String> {
-        std::mem::take(&mut *self.writes.lock().unwrap())
+        self.fake.take_writes()
     }
 
     fn api<K>(&self) -> Api<K>
@@ -190,35 +101,9 @@ impl Cluster {
             .collect()
     }
 
-    async fn store<K>(&self) -> Store<K>
-    where
-        K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
-            + Clone
-            + DeserializeOwned
-            + Debug
-            + Send
-            + Sync
-            + 'static,
-    {
-        let (reader, mut writer) = reflector::store();
-        for obj in self.api::<K>().list(&ListParams::default()).await.unwrap() {
-            writer.apply_watcher_event(&watcher::Event::Apply(obj));
-        }
-        reader
-    }
-
     /// The controller's context with caches as fresh as the watches would make them.
     async fn context(&self) -> Arc<Context> {
-        Arc::new(Context {
-            client: self.client.clone(),
-            events: self.events.clone(),
-            clusters: self.store().await,
-            deployments: self.store().await,
-            config_maps: self.store().await,
-            services: self.store().await,
-            backoff: Backoff::default(),
-            ready: CachesReady::already(),
-        })
+        self.fake.context(self.events.clone()).await
     }
 
     async fn reconcile(&self, name: &str) -> Result<Action, cdn_operator::controller::Error> {
