@@ -36,11 +36,13 @@ where
     K: Resource + Serialize + DeserializeOwned + Clone + Debug,
     O: Serialize,
 {
-    let hash = hash(&to_value(&desired));
+    let mut value = to_value(&desired);
+    let hash = hash(&value);
+    value["metadata"]["annotations"][APPLIED_HASH_ANNOTATION] = Value::String(hash.clone());
     desired
         .annotations_mut()
         .insert(APPLIED_HASH_ANNOTATION.to_string(), hash);
-    if observed.is_some_and(|observed| contains(&to_value(observed), &to_value(&desired))) {
+    if observed.is_some_and(|observed| contains(&to_value(observed), &value)) {
         return Ok(None);
     }
     let applied = api
