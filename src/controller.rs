@@ -1,7 +1,7 @@
 //! What every controller shares: the watch scope, cached watches, Events, error backoff and the
 //! leadership gate. Domain-free.
 
-use futures::Stream;
+use futures::{Stream, StreamExt};
 use kube::api::Api;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, Store};
@@ -64,12 +64,36 @@ where
     K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
 {
+    cached_observing(api, config, |_, _| {})
+}
+
+/// [`cached`], calling `observe(event, cache)` with each event before the cache takes it, so the
+/// cache still holds the object's previous version to compare with.
+pub fn cached_observing<K, F>(
+    api: Api<K>,
+    config: watcher::Config,
+    mut observe: F,
+) -> (
+    Store<K>,
+    impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
+)
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
+    F: FnMut(&watcher::Event<K>, &Store<K>) + Send + 'static,
+{
     let (reader, writer) = reflector::store();
+    let cache = reader.clone();
     let stream = watcher(api, config)
         .default_backoff()
         .modify(|obj: &mut K| {
             obj.managed_fields_mut().clear();
             obj.annotations_mut().remove(LAST_APPLIED);
+        })
+        .inspect(move |event| {
+            if let Ok(event) = event {
+                observe(event, &cache);
+            }
         })
         .reflect(writer);
     (reader, stream)

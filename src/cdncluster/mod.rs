@@ -11,7 +11,6 @@ use crate::apply::{self, APPLIED_HASH_ANNOTATION};
 use crate::compact::Compact;
 use crate::controller::{self, Backoff, CachesReady, Error, Events, Leadership, Scope};
 use build::{Children, MANAGED_BY, MANAGED_BY_LABEL};
-use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -64,10 +63,6 @@ pub fn controller(
     concurrency: u16,
 ) -> (Arc<Context>, Controller<CdnCluster>) {
     let children = watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}"));
-    let (clusters, cluster_events) = controller::cached(
-        scope.api::<CdnCluster>(client.clone()),
-        watcher::Config::default(),
-    );
     let (deployments, deployment_events) = controller::cached(
         scope.api::<Compact<Deployment>>(client.clone()),
         children.clone(),
@@ -80,17 +75,26 @@ pub fn controller(
         controller::cached(scope.api::<Compact<Service>>(client.clone()), children);
 
     let (parents_tx, parents_rx) = mpsc::unbounded_channel();
-    let store = clusters.clone();
-    let cluster_stream = cluster_events.inspect(move |event| {
-        // Not on the initial list: every object is reconciled then anyway.
-        if let Ok(watcher::Event::Apply(changed) | watcher::Event::Delete(changed)) = event {
-            for parent in parents(&store, changed) {
+    let (clusters, cluster_events) = controller::cached_observing(
+        scope.api::<CdnCluster>(client.clone()),
+        watcher::Config::default(),
+        move |event, cache: &Store<CdnCluster>| {
+            // Not on the initial list: every object is reconciled then anyway.
+            let changed = match event {
+                watcher::Event::Delete(gone) => Some(gone),
+                watcher::Event::Apply(new) => {
+                    let old = cache.get(&ObjectRef::from_obj(new));
+                    concerns_parents(old.as_deref(), new).then_some(new)
+                }
+                _ => None,
+            };
+            for parent in changed.map(|c| parents(cache, c)).unwrap_or_default() {
                 let _ = parents_tx.send(parent);
             }
-        }
-    });
+        },
+    );
 
-    let controller = Controller::for_stream(cluster_stream.applied_objects(), clusters.clone())
+    let controller = Controller::for_stream(cluster_events.applied_objects(), clusters.clone())
         .owns_stream(deployment_events.touched_objects())
         .owns_stream(config_map_events.touched_objects())
         .owns_stream(service_events.touched_objects())
@@ -128,6 +132,16 @@ pub fn controller(
         ready,
     });
     (context, controller)
+}
+
+/// Whether a new version of a CdnCluster can change what its parents build or report: its
+/// existence, its identity (a new uid means a new Service address) and its spec (its sources make
+/// or break cycles). Not its status, which the operator itself writes at every transition: those
+/// events would each cost a scan of the whole cache for nothing.
+pub fn concerns_parents(old: Option<&CdnCluster>, new: &CdnCluster) -> bool {
+    old.is_none_or(|old| {
+        old.uid() != new.uid() || old.metadata.generation != new.metadata.generation
+    })
 }
 
 /// The CdnClusters of `changed`'s namespace that list it as a source.

@@ -486,3 +486,26 @@ fn every_label_value_fits_for_the_longest_name() {
     }
     assert!(sources::check_name(&name).is_ok());
 }
+
+#[test]
+fn only_existence_identity_and_spec_changes_concern_parents() {
+    let old = cluster("cache", Role::Cache, vec![]);
+    let concerns = |new: &CdnCluster| super::concerns_parents(Some(&old), new);
+    assert!(super::concerns_parents(None, &old), "a new cluster");
+
+    let mut status_only = old.clone();
+    status_only.status = Some(CdnClusterStatus {
+        state: Some(State::Running),
+        ..CdnClusterStatus::default()
+    });
+    assert!(!concerns(&status_only), "the operator's own status writes");
+
+    let mut spec = old.clone();
+    spec.spec.sources.push(Source::cluster("lb", None));
+    spec.metadata.generation = Some(2);
+    assert!(concerns(&spec), "a spec change (a cycle may appear)");
+
+    let mut recreated = old.clone();
+    recreated.metadata.uid = Some("uid-cache-2".into());
+    assert!(concerns(&recreated), "a new Service address");
+}
