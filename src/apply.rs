@@ -2,6 +2,7 @@
 //! object already holds what would be applied, so a steady state sends no write at all; and the
 //! release of a finalizer, which must never create anything.
 
+use crate::compact::Compact;
 use kube::api::{Api, Patch, PatchParams};
 use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
@@ -22,33 +23,53 @@ fn params() -> PatchParams {
 /// the desired object changes the hash, which the field-by-field comparison alone cannot see.
 pub const APPLIED_HASH_ANNOTATION: &str = "cdn-operator.anevia.com/applied-hash";
 
-/// Applies `desired` unless `observed` (the cached object, typed or [`Compact`]) already contains
-/// every field of it. Returns the object the server answered with, or `None` when no request
-/// was needed.
-///
-/// [`Compact`]: crate::compact::Compact
-pub async fn apply<K, O>(
+/// What an apply did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Applied<K> {
+    /// The observed object already held what would be applied: no request was sent.
+    Unchanged,
+    /// There was no such object; the server's answer.
+    Created(K),
+    /// What the operator applies changed since its last apply.
+    Updated(K),
+    /// Another manager had changed or removed fields the operator applied: taken back.
+    Restored(K),
+}
+
+/// Applies `desired` unless `observed` (its cached copy) already holds it: the same applied hash,
+/// and every field of it still owned by the operator (see [`crate::fields`]). Values are never
+/// compared: zero values the server drops, its defaults and normalizations, and fields other
+/// managers own cost no write.
+pub async fn apply<K>(
     api: &Api<K>,
     mut desired: K,
-    observed: Option<&O>,
-) -> kube::Result<Option<K>>
+    observed: Option<&Compact<K>>,
+) -> kube::Result<Applied<K>>
 where
     K: Resource + Serialize + DeserializeOwned + Clone + Debug,
-    O: Serialize,
 {
     let mut value = to_value(&desired);
     let hash = hash(&value);
     value["metadata"]["annotations"][APPLIED_HASH_ANNOTATION] = Value::String(hash.clone());
+    let same_spec =
+        observed.is_some_and(|o| o.annotations().get(APPLIED_HASH_ANNOTATION) == Some(&hash));
+    let owned = observed
+        .and_then(|o| o.owned.as_ref())
+        .is_some_and(|owned| owned.covers(&value));
+    if same_spec && owned {
+        return Ok(Applied::Unchanged);
+    }
     desired
         .annotations_mut()
         .insert(APPLIED_HASH_ANNOTATION.to_string(), hash);
-    if observed.is_some_and(|observed| contains(&to_value(observed), &value)) {
-        return Ok(None);
-    }
     let applied = api
         .patch(&desired.name_any(), &params(), &Patch::Apply(&desired))
         .await?;
-    Ok(Some(applied))
+    Ok(match observed {
+        None => Applied::Created(applied),
+        Some(_) if same_spec => Applied::Restored(applied),
+        Some(_) => Applied::Updated(applied),
+    })
 }
 
 /// Applies `desired` without looking at a cached copy (there is none, or it cannot be trusted).
@@ -56,8 +77,10 @@ pub async fn apply_always<K>(api: &Api<K>, desired: K) -> kube::Result<K>
 where
     K: Resource + Serialize + DeserializeOwned + Clone + Debug,
 {
-    let applied = apply(api, desired, None::<&K>).await?;
-    Ok(applied.expect("without a cached copy, apply always sends the request"))
+    match apply(api, desired, None).await? {
+        Applied::Created(applied) => Ok(applied),
+        _ => unreachable!("without a cached copy, apply always sends the request"),
+    }
 }
 
 /// Applies `status` to the status subresource of `object` unless its current status equals it.
@@ -132,164 +155,4 @@ pub fn hash(value: &Value) -> String {
 
 fn to_value<T: Serialize>(value: &T) -> Value {
     serde_json::to_value(value).expect("Kubernetes objects always serialize to JSON")
-}
-
-/// Whether `observed` holds every field of `desired` with the same value. Fields only in
-/// `observed` (server defaults, other managers' fields, status) do not matter. Lists of objects
-/// with a `name` are matched by name, as the API server merges them; other lists must be equal in
-/// length and match element by element. Quantities are compared by value, as the server
-/// normalizes them (`0.5` becomes `500m`). A long string of a compact cached copy is its digest.
-pub fn contains(observed: &Value, desired: &Value) -> bool {
-    match (observed, desired) {
-        (_, Value::Null) => true,
-        (Value::Object(o), Value::Object(d)) => d.iter().all(|(key, dv)| match o.get(key) {
-            Some(ov) => contains(ov, dv),
-            None => is_empty(dv),
-        }),
-        (Value::Array(o), Value::Array(d)) => {
-            if d.iter().all(named) && o.iter().all(named) {
-                d.iter().all(|dv| {
-                    o.iter()
-                        .find(|ov| ov.get("name") == dv.get("name"))
-                        .is_some_and(|ov| contains(ov, dv))
-                })
-            } else {
-                o.len() == d.len() && o.iter().zip(d).all(|(ov, dv)| contains(ov, dv))
-            }
-        }
-        (Value::String(o), Value::String(d)) => {
-            o == d || quantity_eq(o, d) || crate::compact::same_string(o, d)
-        }
-        (o, d) => o == d,
-    }
-}
-
-fn named(value: &Value) -> bool {
-    value.get("name").is_some_and(Value::is_string)
-}
-
-/// An empty map or list in `desired` is what the server drops: it matches a missing field.
-fn is_empty(value: &Value) -> bool {
-    match value {
-        Value::Object(m) => m.is_empty(),
-        Value::Array(a) => a.is_empty(),
-        Value::Null => true,
-        _ => false,
-    }
-}
-
-/// Equality of two Kubernetes quantities written differently (`1Gi` and `1024Mi`, `0.5` and `500m`).
-fn quantity_eq(a: &str, b: &str) -> bool {
-    match (quantity(a), quantity(b)) {
-        (Some(x), Some(y)) => (x - y).abs() <= f64::EPSILON * x.abs().max(y.abs()),
-        _ => false,
-    }
-}
-
-fn quantity(s: &str) -> Option<f64> {
-    const SUFFIXES: [(&str, f64); 14] = [
-        ("Ki", 1024.0),
-        ("Mi", 1048576.0),
-        ("Gi", 1073741824.0),
-        ("Ti", 1099511627776.0),
-        ("Pi", 1125899906842624.0),
-        ("Ei", 1152921504606846976.0),
-        ("n", 1e-9),
-        ("u", 1e-6),
-        ("m", 1e-3),
-        ("k", 1e3),
-        ("M", 1e6),
-        ("G", 1e9),
-        ("T", 1e12),
-        ("P", 1e15),
-    ];
-    let (number, factor) = SUFFIXES
-        .iter()
-        .find_map(|(suffix, f)| s.strip_suffix(suffix).map(|n| (n, *f)))
-        .unwrap_or((s, 1.0));
-    // Only plain decimals: this must never call two different words equal.
-    if number.is_empty()
-        || !number
-            .chars()
-            .all(|c| c.is_ascii_digit() || c == '.' || c == '-' || c == '+')
-    {
-        return None;
-    }
-    number.parse::<f64>().ok().map(|n| n * factor)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn server_defaults_and_foreign_fields_do_not_count() {
-        let observed = json!({"metadata": {"name": "a", "uid": "1", "labels": {"x": "1", "y": "2"}},
-            "spec": {"replicas": 1, "revisionHistoryLimit": 10}});
-        let desired =
-            json!({"metadata": {"name": "a", "labels": {"x": "1"}}, "spec": {"replicas": 1}});
-        assert!(contains(&observed, &desired));
-    }
-
-    #[test]
-    fn a_changed_or_missing_field_counts() {
-        let observed = json!({"spec": {"replicas": 2}});
-        assert!(!contains(&observed, &json!({"spec": {"replicas": 1}})));
-        assert!(!contains(&observed, &json!({"spec": {"paused": true}})));
-        assert!(!contains(&json!({}), &json!({"data": {"a": "b"}})));
-    }
-
-    #[test]
-    fn named_lists_match_by_name_and_tolerate_extra_entries() {
-        let observed = json!({"containers": [
-            {"name": "sidecar", "image": "s"},
-            {"name": "nginx", "image": "n", "terminationMessagePath": "/dev/termination-log"}]});
-        assert!(contains(
-            &observed,
-            &json!({"containers": [{"name": "nginx", "image": "n"}]})
-        ));
-        assert!(!contains(
-            &observed,
-            &json!({"containers": [{"name": "nginx", "image": "m"}]})
-        ));
-        assert!(!contains(
-            &observed,
-            &json!({"containers": [{"name": "other", "image": "n"}]})
-        ));
-    }
-
-    #[test]
-    fn plain_lists_must_match_in_length_and_order() {
-        let observed = json!({"args": ["a", "b"]});
-        assert!(contains(&observed, &json!({"args": ["a", "b"]})));
-        assert!(!contains(&observed, &json!({"args": ["b", "a"]})));
-        assert!(!contains(&observed, &json!({"args": ["a"]})));
-    }
-
-    #[test]
-    fn quantities_compare_by_value() {
-        assert!(contains(&json!({"cpu": "500m"}), &json!({"cpu": "0.5"})));
-        assert!(contains(
-            &json!({"memory": "1Gi"}),
-            &json!({"memory": "1024Mi"})
-        ));
-        assert!(!contains(
-            &json!({"memory": "1Gi"}),
-            &json!({"memory": "1G"})
-        ));
-        assert!(!contains(&json!({"name": "m"}), &json!({"name": "n"})));
-        assert!(!contains(&json!({"name": "1m"}), &json!({"name": "1M"})));
-    }
-
-    #[test]
-    fn empty_desired_collections_match_absent_ones() {
-        assert!(contains(
-            &json!({"metadata": {}}),
-            &json!({"metadata": {"annotations": {}}})
-        ));
-        assert!(!contains(
-            &json!({"sources": ["a"]}),
-            &json!({"sources": []})
-        ));
-    }
 }

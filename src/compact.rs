@@ -1,11 +1,11 @@
-//! A compact cached copy of an object: its metadata, and the rest as compact JSON text with long
-//! strings replaced by their digest. Domain-free.
+//! A compact cached copy of an object the operator applies: its metadata, the fields the
+//! operator's last apply still owns, and its status. Domain-free.
 //!
-//! Why: k8s-openapi types hold every optional field inline (a `Volume` is 3 KiB, a `Container`
-//! 2 KiB), so a cached Deployment costs ~20 KiB for ~2 KiB of JSON. The operator only compares
-//! cached children with desired ones (`apply::contains`) and reads a Deployment's status, which
-//! this keeps exactly, at a tenth of the memory.
+//! Why: drift is told by ownership ([`crate::fields`]) and the applied hash, never by comparing
+//! specs, and only a Deployment's status is read; k8s-openapi types hold every optional field
+//! inline (a cached typed Deployment costs ~20 KiB), so the rest is dropped as it arrives.
 
+use crate::fields::Owned;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
 use serde::de::{DeserializeOwned, Error as _};
@@ -15,37 +15,15 @@ use std::borrow::Cow;
 use std::fmt;
 use std::marker::PhantomData;
 
-/// Strings at least this long are kept as their digest (the nginx configuration, say).
-const LONG: usize = 128;
-/// Marks a digest; no Kubernetes field value starts with a control character.
-const DIGEST: &str = "\u{1}sha256:";
-
-/// The digest that stands for a long string.
-pub fn digest(s: &str) -> String {
-    use sha2::{Digest, Sha256};
-    let hash = Sha256::digest(s.as_bytes());
-    let hex: String = hash.iter().map(|b| format!("{b:02x}")).collect();
-    format!("{DIGEST}{hex}")
-}
-
-/// Whether `cached` (a string of a compact copy) stands for `full`.
-pub fn same_string(cached: &str, full: &str) -> bool {
-    cached == full || (cached.starts_with(DIGEST) && full.len() >= LONG && cached == digest(full))
-}
-
-fn shorten(value: &mut Value) {
-    match value {
-        Value::String(s) if s.len() >= LONG => *s = digest(s),
-        Value::Array(items) => items.iter_mut().for_each(shorten),
-        Value::Object(map) => map.values_mut().for_each(shorten),
-        _ => {}
-    }
-}
-
-/// An object of kind `K` as cached: `metadata`, and everything else as compact JSON.
+/// An object of kind `K` as cached.
 pub struct Compact<K> {
+    /// Without managedFields: what matters of them is in `owned`.
     pub metadata: ObjectMeta,
-    body: Box<str>,
+    /// The fields of the operator's own apply (its managedFields entry for the main resource),
+    /// `None` when it has none.
+    pub owned: Option<Owned>,
+    /// The status as compact JSON, if any.
+    status: Option<Box<str>>,
     kind: PhantomData<fn() -> K>,
 }
 
@@ -59,40 +37,75 @@ impl<K> Compact<K> {
             .expect("a serialized object is a JSON map")
     }
 
-    /// The cached object as JSON, long strings as digests.
-    pub fn to_value(&self) -> Value {
-        let mut value: Value = serde_json::from_str(&self.body).expect("the body is JSON we wrote");
-        value["metadata"] = serde_json::to_value(&self.metadata).expect("metadata serializes");
-        value
-    }
-
-    /// The cached object as `K` (long strings are digests): to read its status.
+    /// The cached object as `K`: metadata and status, no spec.
     pub fn typed(&self) -> Result<K, serde_json::Error>
     where
-        K: DeserializeOwned,
+        K: DeserializeOwned + Resource<DynamicType = ()>,
     {
         serde_json::from_value(self.to_value())
     }
+
+    fn to_value(&self) -> Value
+    where
+        K: Resource<DynamicType = ()>,
+    {
+        let mut value = serde_json::json!({
+            "apiVersion": K::api_version(&()),
+            "kind": K::kind(&()),
+            "metadata": self.metadata,
+        });
+        if let Some(status) = &self.status {
+            value["status"] = serde_json::from_str(status).expect("the status is JSON we wrote");
+        }
+        value
+    }
+}
+
+/// The fields the manager `cdn-operator` applied to the main resource, from managedFields.
+fn operator_fields(metadata: &ObjectMeta) -> Option<Owned> {
+    metadata
+        .managed_fields
+        .as_ref()?
+        .iter()
+        .find(|entry| {
+            entry.manager.as_deref() == Some(crate::FIELD_MANAGER)
+                && entry.operation.as_deref() == Some("Apply")
+                && entry.subresource.as_deref().unwrap_or_default().is_empty()
+        })
+        .and_then(|entry| entry.fields_v1.as_ref())
+        .map(|fields| Owned::of(&fields.0))
 }
 
 impl<'de, K> Deserialize<'de> for Compact<K> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let mut map = serde_json::Map::<String, Value>::deserialize(deserializer)?;
-        let metadata = match map.remove("metadata") {
-            Some(m) => serde_json::from_value(m).map_err(D::Error::custom)?,
-            None => ObjectMeta::default(),
-        };
-        let mut body = Value::Object(map);
-        shorten(&mut body);
+        #[derive(Deserialize)]
+        struct Parts {
+            #[serde(default)]
+            metadata: ObjectMeta,
+            #[serde(default)]
+            status: Option<Value>,
+        }
+        let Parts {
+            mut metadata,
+            status,
+        } = Parts::deserialize(deserializer)?;
+        let owned = operator_fields(&metadata);
+        metadata.managed_fields = None;
+        let status = status
+            .filter(|s| !s.is_null())
+            .map(|s| serde_json::to_string(&s).map(String::into_boxed_str))
+            .transpose()
+            .map_err(D::Error::custom)?;
         Ok(Compact {
             metadata,
-            body: body.to_string().into_boxed_str(),
+            owned,
+            status,
             kind: PhantomData,
         })
     }
 }
 
-impl<K> Serialize for Compact<K> {
+impl<K: Resource<DynamicType = ()>> Serialize for Compact<K> {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         self.to_value().serialize(serializer)
     }
@@ -102,7 +115,8 @@ impl<K> Clone for Compact<K> {
     fn clone(&self) -> Self {
         Compact {
             metadata: self.metadata.clone(),
-            body: self.body.clone(),
+            owned: self.owned.clone(),
+            status: self.status.clone(),
             kind: PhantomData,
         }
     }
@@ -112,7 +126,8 @@ impl<K> fmt::Debug for Compact<K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Compact")
             .field("metadata", &self.metadata)
-            .field("body", &self.body)
+            .field("owned", &self.owned.is_some())
+            .field("status", &self.status)
             .finish()
     }
 }
@@ -149,44 +164,63 @@ impl<K: Resource> Resource for Compact<K> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::apps::v1::{Deployment, DeploymentStatus};
-    use k8s_openapi::api::core::v1::ConfigMap;
-    use std::collections::BTreeMap;
+    use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStatus};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry};
+    use serde_json::json;
+
+    fn entry(manager: &str, subresource: Option<&str>, fields: Value) -> ManagedFieldsEntry {
+        ManagedFieldsEntry {
+            manager: Some(manager.into()),
+            operation: Some("Apply".into()),
+            subresource: subresource.map(Into::into),
+            fields_v1: Some(FieldsV1(fields)),
+            ..ManagedFieldsEntry::default()
+        }
+    }
 
     #[test]
-    fn keeps_metadata_status_and_short_fields_and_digests_long_strings() {
-        let config = "x".repeat(4000);
-        let mut cm = ConfigMap::default();
-        cm.metadata.name = Some("a".into());
-        cm.data = Some(BTreeMap::from([
-            ("nginx.conf".into(), config.clone()),
-            ("short".into(), "value".into()),
-        ]));
-        let compact = Compact::of(&cm);
-        assert_eq!(compact.metadata.name.as_deref(), Some("a"));
-        let value = compact.to_value();
-        assert_eq!(value["kind"], "ConfigMap");
-        assert_eq!(value["data"]["short"], "value");
-        let cached = value["data"]["nginx.conf"].as_str().unwrap();
-        assert!(cached.len() < 100);
-        assert!(same_string(cached, &config));
-        assert!(!same_string(cached, &"y".repeat(4000)));
-        assert!(!same_string("value", "other"));
-
+    fn keeps_metadata_status_and_the_operators_fields_only() {
         let mut d = Deployment::default();
+        d.metadata.name = Some("a".into());
         d.metadata.generation = Some(3);
+        d.metadata.managed_fields = Some(vec![
+            entry("kubectl", None, json!({"f:spec": {"f:paused": {}}})),
+            entry(
+                crate::FIELD_MANAGER,
+                Some("status"),
+                json!({"f:status": {}}),
+            ),
+            entry(
+                crate::FIELD_MANAGER,
+                None,
+                json!({"f:spec": {"f:replicas": {}}}),
+            ),
+        ]);
+        d.spec = Some(DeploymentSpec {
+            replicas: Some(2),
+            ..DeploymentSpec::default()
+        });
         d.status = Some(DeploymentStatus {
             ready_replicas: Some(2),
             ..DeploymentStatus::default()
         });
-        let typed = Compact::of(&d).typed().unwrap();
+        let compact = Compact::of(&d);
+        assert_eq!(compact.metadata.name.as_deref(), Some("a"));
+        assert_eq!(compact.metadata.managed_fields, None);
+        let owned = compact.owned.as_ref().expect("the operator's apply entry");
+        assert!(owned.covers(&json!({"spec": {"replicas": 1}})));
+        assert!(!owned.covers(&json!({"spec": {"paused": true}})));
+
+        let typed = compact.typed().unwrap();
         assert_eq!(typed.status.unwrap().ready_replicas, Some(2));
         assert_eq!(typed.metadata.generation, Some(3));
+        assert_eq!(typed.spec, None, "the spec is not kept");
     }
 
     #[test]
-    fn a_digest_never_matches_a_short_string_that_looks_like_one() {
-        let fake = digest("x");
-        assert!(!same_string(&fake, "x"), "short strings are never digested");
+    fn an_object_the_operator_never_applied_owns_nothing() {
+        let mut d = Deployment::default();
+        d.metadata.managed_fields = Some(vec![entry("kubectl", None, json!({"f:spec": {}}))]);
+        assert!(Compact::of(&d).owned.is_none());
     }
 }

@@ -16,11 +16,77 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::watch;
 
-/// Errors of a reconcile. Each retries with backoff.
+/// Errors of a reconcile, by the step that failed. Each retries with backoff.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    #[error("could not apply {kind} {name}: {}", describe(source))]
+    ApplyChild {
+        kind: String,
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("could not write the status: {}", describe(.0))]
+    WriteStatus(#[source] kube::Error),
     #[error("Kubernetes API request failed: {0}")]
     Kube(#[from] kube::Error),
+}
+
+/// A failed request in one line: the server's message and code, or the client's error.
+fn describe(error: &kube::Error) -> String {
+    match error {
+        kube::Error::Api(status) => {
+            format!("{} ({} {})", status.message, status.code, status.reason)
+        }
+        other => other.to_string(),
+    }
+}
+
+/// Whether the API server answered that the object does not exist (any more).
+pub fn is_not_found(error: &kube::Error) -> bool {
+    matches!(error, kube::Error::Api(status) if status.code == 404)
+}
+
+/// The HTTP status code and message of a failed request, as the API server gave them.
+pub fn refusal(error: &kube::Error) -> (Option<u16>, String) {
+    match error {
+        kube::Error::Api(status) => (Some(status.code), status.message.clone()),
+        other => (None, other.to_string()),
+    }
+}
+
+/// How long a reconcile waits for its writes to reach the caches (see [`until_visible`]).
+pub const WRITES_VISIBLE_WITHIN: Duration = Duration::from_secs(2);
+
+/// Waits, at most `within`, until `store` holds the version of `key` a write answered with
+/// (`written`) or a later one (one other than `before`, the version cached before the write).
+///
+/// Why: a reconcile's own writes trigger the next one at once, and the watch may deliver them a
+/// few milliseconds later: read from a cache that has not caught up, the next reconcile would
+/// write the same objects and Events again.
+pub async fn until_visible<K>(
+    store: &Store<K>,
+    key: &reflector::ObjectRef<K>,
+    before: Option<String>,
+    written: Option<String>,
+    within: Duration,
+) where
+    K: Resource + Clone,
+    K::DynamicType: Eq + Hash + Clone,
+{
+    if within.is_zero() {
+        return;
+    }
+    let caught_up = || {
+        store.get(key).is_some_and(|cached| {
+            let version = cached.resource_version();
+            version == written || version != before
+        })
+    };
+    let deadline = tokio::time::Instant::now() + within;
+    while !caught_up() && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
 }
 
 /// Which namespaces the operator watches and writes.

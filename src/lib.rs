@@ -9,6 +9,7 @@ pub mod client;
 pub mod compact;
 pub mod conditions;
 pub mod controller;
+pub mod fields;
 pub mod restricted;
 pub mod run;
 pub mod runtime;

@@ -431,6 +431,10 @@ impl Glue {
                     match result {
                         // error_policy has logged it.
                         Ok(_) | Err(kube_controller::Error::ReconcilerFailed(..)) => {}
+                        // A trigger for an object deleted meanwhile: every deletion makes some.
+                        Err(error @ kube_controller::Error::ObjectNotFound(_)) => {
+                            tracing::debug!(controller = name, %error, "nothing to reconcile")
+                        }
                         Err(error) => tracing::warn!(controller = name, %error, "controller error"),
                     }
                 })

@@ -28,8 +28,6 @@ struct Cluster {
     client: Client,
     /// One recorder for the whole test, as the operator has: it folds repeated Events.
     events: Events,
-    /// A write to fail, by "verb kind name" prefix, to exercise errors.
-    fail: support::Failure,
 }
 
 impl Cluster {
@@ -38,7 +36,6 @@ impl Cluster {
         Cluster {
             client: fake.client.clone(),
             events: Events::new(fake.client.clone(), Some("test".into())),
-            fail: fake.fail.clone(),
             fake,
         }
     }
@@ -253,18 +250,20 @@ async fn a_hand_edit_of_an_owned_field_is_reverted() {
     let c = Cluster::new().await;
     c.create("foo", Role::Cache, &[]).await;
     c.reconcile_ok("foo").await;
-    let edit = json!({"spec": {"template": {"spec": {"containers": [{"name": "nginx", "image": "evil:latest"}]}}}});
+    // A hand edit takes the field from the operator (`kubectl apply --server-side
+    // --force-conflicts`; a real server moves it on `kubectl edit` too, which the in-memory API
+    // does not model: e2e and the real-server fixtures cover that).
+    let by_hand = PatchParams::apply("kubectl").force();
+    let edit = json!({"apiVersion": "apps/v1", "kind": "Deployment",
+        "spec": {"template": {"spec": {"containers": [{"name": "nginx", "image": "evil:latest"}]}}}});
     c.api::<Deployment>()
-        .patch(
-            "foo-deployment",
-            &PatchParams::default(),
-            &Patch::Strategic(edit),
-        )
+        .patch("foo-deployment", &by_hand, &Patch::Apply(edit))
         .await
         .unwrap();
-    let cm_edit = json!({"data": {"nginx.conf": "events {}"}});
+    let cm_edit =
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "data": {"nginx.conf": "events {}"}});
     c.api::<ConfigMap>()
-        .patch("foo-nginx", &PatchParams::default(), &Patch::Merge(cm_edit))
+        .patch("foo-nginx", &by_hand, &Patch::Apply(cm_edit))
         .await
         .unwrap();
     c.take_writes();
@@ -587,13 +586,18 @@ async fn a_deleted_source_sends_its_parents_back_to_waiting() {
 async fn api_errors_retry_with_backoff() {
     let c = Cluster::new().await;
     c.create("foo", Role::Cache, &[]).await;
-    *c.fail.lock().unwrap() = Some("patch Deployment".into());
+    c.fake
+        .refuse("patch Deployment", 500, "etcdserver: request timed out");
     let ctx = c.context().await;
     let obj = Arc::new(c.get_cluster("foo").await);
     let error = cdncluster::reconcile(obj.clone(), ctx.clone())
         .await
         .unwrap_err();
-    assert!(error.to_string().contains("injected failure"), "{error}");
+    assert_eq!(
+        error.to_string(),
+        "could not apply Deployment foo-deployment: etcdserver: request timed out (500 InternalError)",
+        "the error names the step and the child"
+    );
     let delays: Vec<Action> = (0..3)
         .map(|_| cdncluster::error_policy(obj.clone(), &error, ctx.clone()))
         .collect();
@@ -602,13 +606,116 @@ async fn api_errors_retry_with_backoff() {
         [1, 2, 4].map(|s| Action::requeue(std::time::Duration::from_secs(s)))
     );
     // Success resets the backoff.
-    *c.fail.lock().unwrap() = None;
+    c.fake.accept();
     cdncluster::reconcile(obj.clone(), ctx.clone())
         .await
         .unwrap();
     assert_eq!(
         cdncluster::error_policy(obj, &error, ctx),
         Action::requeue(std::time::Duration::from_secs(1))
+    );
+}
+
+/// The condition a user reads with `kubectl describe cdn`.
+async fn condition(c: &Cluster, name: &str, type_: &str) -> (String, String, String) {
+    let status = c.get_cluster(name).await.status.unwrap_or_default();
+    let found = status
+        .conditions
+        .into_iter()
+        .find(|x| x.type_ == type_)
+        .expect("the condition");
+    (found.status, found.reason, found.message)
+}
+
+#[tokio::test]
+async fn a_child_the_server_refuses_is_reported_in_the_status_and_one_warning() {
+    // The API server's own words, from a real v1.36 server.
+    let quota = "services \"foo\" is forbidden: exceeded quota: no-services, requested: count/services=1, used: count/services=0, limited: count/services=0";
+    let webhook = "admission webhook \"policy.example.com\" denied the request: images must come from registry.example.com";
+    let cases = [
+        ("patch Service", 403, quota, "Service foo", true),
+        (
+            "patch Deployment",
+            422,
+            webhook,
+            "Deployment foo-deployment",
+            true,
+        ),
+        (
+            "patch Service",
+            500,
+            "failed to allocate a serviceIP: range is full",
+            "Service foo",
+            false,
+        ),
+    ];
+    for (prefix, code, message, child, stalled) in cases {
+        let c = Cluster::new().await;
+        c.create("foo", Role::Cache, &[]).await;
+        c.fake.refuse(prefix, code, message);
+        for attempt in 0..3 {
+            let error = c.reconcile("foo").await.unwrap_err();
+            assert!(error.to_string().contains(message), "{error}");
+            let writes = c.take_writes();
+            assert_eq!(
+                writes
+                    .iter()
+                    .filter(|w| w.starts_with("create Event"))
+                    .count(),
+                usize::from(attempt == 0),
+                "one Warning per distinct message, not one per retry: {writes:?}"
+            );
+        }
+        assert_eq!(c.state("foo").await, Some(State::Error));
+        let expected = format!("{child} was refused ({code}): {message}");
+        assert_eq!(
+            condition(&c, "foo", "Ready").await,
+            ("False".into(), "ApplyFailed".into(), expected.clone())
+        );
+        let (stalled_status, _, _) = condition(&c, "foo", "Stalled").await;
+        let (reconciling, _, _) = condition(&c, "foo", "Reconciling").await;
+        assert_eq!(
+            (stalled_status.as_str(), reconciling.as_str()),
+            if stalled {
+                ("True", "False")
+            } else {
+                ("False", "True")
+            }
+        );
+        assert_eq!(c.events("foo").await, [note("ApplyFailed", &expected)]);
+
+        // Once the server accepts, the cluster deploys and leaves Error.
+        c.fake.accept();
+        c.reconcile_ok("foo").await;
+        assert_eq!(c.state("foo").await, Some(State::Deploying));
+        assert_eq!(condition(&c, "foo", "Stalled").await.0, "False");
+    }
+}
+
+#[tokio::test]
+async fn a_cluster_deleted_while_queued_ends_quietly() {
+    let c = Cluster::new().await;
+    c.create("foo", Role::Cache, &[]).await;
+    let ctx = c.context().await;
+    let stale = Arc::new(c.get_cluster("foo").await);
+    c.api::<CdnCluster>()
+        .delete("foo", &DeleteParams::default())
+        .await
+        .unwrap();
+    let action = cdncluster::reconcile(stale.clone(), ctx.clone())
+        .await
+        .expect("no error: nothing is left to do");
+    assert_eq!(action, Action::await_change(), "and no retry");
+    assert_eq!(
+        cdncluster::error_policy(
+            stale,
+            &cdn_operator::controller::Error::WriteStatus(
+                kube::Error::LinesCodecMaxLineLengthExceeded
+            ),
+            ctx
+        ),
+        Action::requeue(std::time::Duration::from_secs(1)),
+        "no backoff was accumulated"
     );
 }
 

@@ -22,7 +22,7 @@ pub const MAX_NAME_LEN: usize = 63 - "-deployment".len();
     namespaced,
     status = "CdnClusterStatus",
     printcolumn = r#"{"name":"Role","type":"string","jsonPath":".spec.role","description":"balancer or cache"}"#,
-    printcolumn = r#"{"name":"State","type":"string","jsonPath":".status.state","description":"WaitingSource, Deploying, Running or Invalid"}"#,
+    printcolumn = r#"{"name":"State","type":"string","jsonPath":".status.state","description":"WaitingSource, Deploying, Running, Invalid or Error"}"#,
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.ready","description":"ready replicas / desired replicas"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
@@ -210,7 +210,8 @@ pub struct CacheSpec {
 #[serde(rename_all = "camelCase")]
 pub struct CdnClusterStatus {
     /// `WaitingSource` (a source does not exist yet), `Deploying` (children applied, not every
-    /// replica ready), `Running` (every replica ready) or `Invalid` (the spec cannot be served).
+    /// replica ready), `Running` (every replica ready), `Invalid` (the spec cannot be served) or
+    /// `Error` (the API server refused a child).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub state: Option<State>,
 
@@ -247,6 +248,9 @@ pub enum State {
     Running,
     /// The spec cannot be served (a cycle, a duplicate or unusable source); see the conditions.
     Invalid,
+    /// The API server refused a child (a quota, an admission webhook, RBAC); the conditions and a
+    /// Warning Event carry its message. Retried with backoff.
+    Error,
 }
 
 impl State {
@@ -256,13 +260,15 @@ impl State {
             State::Deploying => "Deploying",
             State::Running => "Running",
             State::Invalid => "Invalid",
+            State::Error => "Error",
         }
     }
 
-    pub const ALL: [State; 4] = [
+    pub const ALL: [State; 5] = [
         State::WaitingSource,
         State::Deploying,
         State::Running,
         State::Invalid,
+        State::Error,
     ];
 }

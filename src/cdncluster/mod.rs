@@ -7,12 +7,14 @@ pub mod sources;
 pub mod status;
 
 use crate::api::CdnCluster;
-use crate::apply::{self, APPLIED_HASH_ANNOTATION};
+use crate::apply::{self, Applied};
 use crate::compact::Compact;
 use crate::controller::{self, Backoff, CachesReady, Error, Events, Leadership, Scope};
 use build::{Children, MANAGED_BY, MANAGED_BY_LABEL};
+use futures::future::BoxFuture;
+use futures::FutureExt;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{ConfigMap, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::Api;
 use kube::runtime::controller::{Action, Config, Controller};
@@ -21,9 +23,11 @@ use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use status::{Notice, Observed};
+use status::{Change, ChildChange, Observed};
 use std::fmt::Debug;
+use std::hash::Hash;
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
@@ -43,6 +47,9 @@ pub struct Context {
     /// Open once every cache above has listed: before that, a child missing from its cache may
     /// exist, and applying it would announce a creation that did not happen.
     pub ready: CachesReady,
+    /// How long a reconcile waits for its writes to reach the caches; zero where no watch fills
+    /// them (tests that fill the caches by hand).
+    pub writes_visible_within: Duration,
 }
 
 impl Context {
@@ -130,6 +137,7 @@ pub fn controller(
         services,
         backoff: Backoff::default(),
         ready,
+        writes_visible_within: controller::WRITES_VISIBLE_WITHIN,
     });
     (context, controller)
 }
@@ -170,27 +178,62 @@ pub async fn reconcile(cluster: Arc<CdnCluster>, ctx: Arc<Context>) -> Result<Ac
     let now = Time(jiff::Timestamp::now());
     let lookup = |source: &str| ctx.clusters.get(&ObjectRef::new(source).within(&namespace));
 
-    let mut notices = Vec::new();
     let resolved = sources::resolve(&cluster, lookup);
-    let status = match &resolved {
+    let mut written = Written::default();
+    let applied = match &resolved {
         Err(problem) => {
             tracing::info!(%namespace, %name, ?problem, "not deploying");
-            status::desired(&cluster, Observed::Problem(problem), &now)
+            None
         }
         Ok(upstreams) => {
             let children = build::children(&cluster, upstreams);
-            let deployment = apply_children(&ctx, &namespace, children, &mut notices).await?;
-            status::desired(&cluster, Observed::Deployed(deployment.as_ref()), &now)
+            Some(apply_children(&ctx, &namespace, children, &mut written).await)
         }
     };
-    let missing = match &resolved {
-        Err(sources::Problem::Missing(names)) => names.first().map(String::as_str),
+    let refusal = match &applied {
+        Some(Err(Error::ApplyChild { kind, name, source })) => {
+            let (code, message) = controller::refusal(source);
+            let child = ObjectReference {
+                kind: Some(kind.clone()),
+                name: Some(name.clone()),
+                namespace: Some(namespace.clone()),
+                ..ObjectReference::default()
+            };
+            Some(status::Refusal {
+                child,
+                code,
+                message,
+            })
+        }
         _ => None,
     };
-    notices.extend(status::notices(&cluster, &status, missing));
+    let observed = match (&resolved, &applied, &refusal) {
+        (Err(problem), _, _) => Observed::Problem(problem),
+        (_, _, Some(refusal)) => Observed::Refused(refusal),
+        (_, Some(Ok(deployment)), _) => Observed::Deployed(deployment.as_ref()),
+        (Ok(_), None, None) | (Ok(_), Some(Err(_)), None) => unreachable!("applied when resolved"),
+    };
+    let status = status::desired(&cluster, observed, &now);
+    let notices = status::notices(&cluster, &status, &observed, &written.changes);
 
     let api: Api<CdnCluster> = Api::namespaced(ctx.client.clone(), &namespace);
-    apply::apply_status(&api, cluster.as_ref(), cluster.status.as_ref(), &status).await?;
+    let before = cluster.resource_version();
+    match apply::apply_status(&api, cluster.as_ref(), cluster.status.as_ref(), &status).await {
+        Ok(Some(applied)) => written.wrote(
+            &ctx,
+            &ctx.clusters,
+            ObjectRef::from_obj(cluster.as_ref()),
+            before,
+            applied.resource_version(),
+        ),
+        Ok(None) => {}
+        Err(error) if controller::is_not_found(&error) => {
+            // Deleted while queued: its children go with it by garbage collection.
+            tracing::debug!(%namespace, %name, "deleted before its status was written");
+            return Ok(Action::await_change());
+        }
+        Err(error) => return Err(Error::WriteStatus(error)),
+    }
     for notice in notices {
         ctx.events
             .publish(
@@ -202,6 +245,10 @@ pub async fn reconcile(cluster: Arc<CdnCluster>, ctx: Arc<Context>) -> Result<Ac
                 notice.related,
             )
             .await;
+    }
+    written.until_visible().await;
+    if let Some(Err(error)) = applied {
+        return Err(error);
     }
     ctx.backoff.succeeded(&controller::key(cluster.as_ref()));
     Ok(Action::await_change())
@@ -215,47 +262,71 @@ pub fn error_policy(cluster: Arc<CdnCluster>, error: &Error, ctx: Arc<Context>) 
     Action::requeue(delay)
 }
 
-/// Applies the children whose cached copy differs from the desired one, the ConfigMap first so a
-/// rollout starts from the new configuration. Returns the Deployment as last known.
+/// What a reconcile wrote: the children it changed (for the Events), and, for each write, the
+/// wait until the caches show it (futures do nothing until awaited).
+#[derive(Default)]
+struct Written {
+    changes: Vec<ChildChange>,
+    visible: Vec<BoxFuture<'static, ()>>,
+}
+
+impl Written {
+    /// Notes a write of `key`, cached in `store` at version `before`, answered with `after`.
+    fn wrote<K>(
+        &mut self,
+        ctx: &Context,
+        store: &Store<K>,
+        key: ObjectRef<K>,
+        before: Option<String>,
+        after: Option<String>,
+    ) where
+        K: Resource + Clone + Send + Sync + 'static,
+        K::DynamicType: Eq + Hash + Clone + Send + Sync,
+    {
+        let (store, within) = (store.clone(), ctx.writes_visible_within);
+        self.visible.push(
+            async move { controller::until_visible(&store, &key, before, after, within).await }
+                .boxed(),
+        );
+    }
+
+    /// Waits until the caches hold what this reconcile wrote, so the reconciles its writes
+    /// trigger read them instead of writing them again.
+    async fn until_visible(self) {
+        futures::future::join_all(self.visible).await;
+    }
+}
+
+/// Applies the children whose cached copy is not what the operator applies, the ConfigMap first
+/// so a rollout starts from the new configuration. Returns the Deployment as last known; stops
+/// at the first child the server refuses.
 async fn apply_children(
     ctx: &Context,
     namespace: &str,
     children: Children,
-    notices: &mut Vec<Notice>,
+    written: &mut Written,
 ) -> Result<Option<Deployment>, Error> {
     let Children {
         config_map,
         deployment,
         service,
     } = children;
-    apply_child(ctx, namespace, &ctx.config_maps, config_map, notices).await?;
-    apply_child(ctx, namespace, &ctx.services, service, notices).await?;
-
-    let name = deployment.name_any();
-    let observed = ctx
-        .deployments
-        .get(&ObjectRef::new(&name).within(namespace));
-    let applied = apply_child(ctx, namespace, &ctx.deployments, deployment, notices).await?;
-    if let (None, Some(created)) = (&observed, &applied) {
-        notices.push(
-            Notice::normal(
-                "DeploymentCreated",
-                format!("The Deployment {name} has been created"),
-            )
-            .about(created.object_ref(&())),
-        );
-    }
+    apply_child(ctx, namespace, &ctx.config_maps, config_map, written).await?;
+    apply_child(ctx, namespace, &ctx.services, service, written).await?;
+    let (observed, applied) =
+        apply_child(ctx, namespace, &ctx.deployments, deployment, written).await?;
     Ok(applied.or_else(|| observed.and_then(|d| d.typed().ok())))
 }
 
-/// Applies one child if needed and notes a restore when what changed was not the desired state.
+/// Applies one child if needed and records the change. Returns its cached copy and, if a request
+/// was sent, the server's answer.
 async fn apply_child<K>(
     ctx: &Context,
     namespace: &str,
     cache: &Store<Compact<K>>,
     desired: K,
-    notices: &mut Vec<Notice>,
-) -> Result<Option<K>, Error>
+    written: &mut Written,
+) -> Result<(Option<Arc<Compact<K>>>, Option<K>), Error>
 where
     K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
         + Clone
@@ -264,26 +335,30 @@ where
         + Debug,
 {
     let name = desired.name_any();
+    let kind = K::kind(&());
     let observed = cache.get(&ObjectRef::new(&name).within(namespace));
     let api: Api<K> = Api::namespaced(ctx.client.clone(), namespace);
-    let applied = apply::apply(&api, desired, observed.as_deref()).await?;
-    if let (Some(applied), Some(observed)) = (&applied, &observed) {
-        let kind = K::kind(&());
-        let applied_hash = applied.annotations().get(APPLIED_HASH_ANNOTATION);
-        let notice = if applied_hash == observed.annotations().get(APPLIED_HASH_ANNOTATION) {
-            Notice::warning(
-                "ChildRestored",
-                format!("{kind} {name} was changed outside the operator; restored it"),
-            )
-        } else {
-            Notice::normal(
-                "ChildUpdated",
-                format!("{kind} {name} updated to the current spec"),
-            )
-        };
-        notices.push(notice.about(applied.object_ref(&())));
-    }
-    Ok(applied)
+    let applied = apply::apply(&api, desired, observed.as_deref())
+        .await
+        .map_err(|source| Error::ApplyChild {
+            kind: kind.to_string(),
+            name: name.clone(),
+            source,
+        })?;
+    let (change, applied) = match applied {
+        Applied::Unchanged => return Ok((observed, None)),
+        Applied::Created(k) => (Change::Created, k),
+        Applied::Updated(k) => (Change::Updated, k),
+        Applied::Restored(k) => (Change::Restored, k),
+    };
+    written.changes.push(ChildChange {
+        child: applied.object_ref(&()),
+        change,
+    });
+    let before = observed.as_ref().and_then(|o| o.resource_version());
+    let key = ObjectRef::new(&name).within(namespace);
+    written.wrote(ctx, cache, key, before, applied.resource_version());
+    Ok((observed, Some(applied)))
 }
 
 #[cfg(test)]

@@ -16,10 +16,59 @@ pub const RECONCILING: &str = "Reconciling";
 pub const STALLED: &str = "Stalled";
 
 /// What the reconcile found, for the status.
+#[derive(Clone, Copy)]
 pub enum Observed<'a> {
     Problem(&'a Problem),
     /// Children are applied; the Deployment as last seen (None right after it was created).
     Deployed(Option<&'a Deployment>),
+    /// The API server refused a child.
+    Refused(&'a Refusal),
+}
+
+/// A child the API server refused to apply (a quota, an admission webhook, RBAC, validation, or
+/// an error of the server).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Refusal {
+    pub child: ObjectReference,
+    /// The HTTP status code, when the server answered.
+    pub code: Option<u16>,
+    pub message: String,
+}
+
+impl Refusal {
+    /// Whether retrying cannot help until something else changes (the request itself was
+    /// refused: 4xx), rather than a conflict, a rate limit or a server or network failure.
+    pub fn is_stalled(&self) -> bool {
+        self.code
+            .is_some_and(|c| (400..500).contains(&c) && c != 409 && c != 429)
+    }
+
+    /// The condition message: the child named, the server's words.
+    pub fn describe(&self) -> String {
+        let kind = self.child.kind.as_deref().unwrap_or_default();
+        let name = self.child.name.as_deref().unwrap_or_default();
+        match self.code {
+            Some(code) => format!("{kind} {name} was refused ({code}): {}", self.message),
+            None => format!("{kind} {name} could not be applied: {}", self.message),
+        }
+    }
+}
+
+/// How applying a child changed it, when it did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Change {
+    Created,
+    /// To the current spec.
+    Updated,
+    /// Another manager had changed or removed what the operator applied.
+    Restored,
+}
+
+/// A child the reconcile wrote, for the Events.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ChildChange {
+    pub child: ObjectReference,
+    pub change: Change,
 }
 
 /// The status `cluster` should have now. Conditions keep their lastTransitionTime while their
@@ -65,6 +114,32 @@ pub fn desired(cluster: &CdnCluster, observed: Observed<'_>, now: &Time) -> CdnC
             set(RECONCILING, False, "InvalidSpec", message.clone());
             set(STALLED, True, "InvalidSpec", message.clone());
             State::Invalid
+        }
+        Observed::Refused(refusal) => {
+            let message = refusal.describe();
+            status.replicas = previous.replicas;
+            status.ready_replicas = previous.ready_replicas;
+            status.ready = previous.ready.clone();
+            set(
+                SOURCES_READY,
+                True,
+                "SourcesFound",
+                "Every source exists".into(),
+            );
+            set(READY, False, "ApplyFailed", message.clone());
+            if refusal.is_stalled() {
+                set(RECONCILING, False, "ApplyFailed", message.clone());
+                set(STALLED, True, "ApplyFailed", message);
+            } else {
+                set(RECONCILING, True, "ApplyFailed", message);
+                set(
+                    STALLED,
+                    False,
+                    "ApplyFailed",
+                    "Retrying with backoff".into(),
+                );
+            }
+            State::Error
         }
         Observed::Deployed(deployment) => {
             let ready = ready_replicas(deployment);
@@ -168,20 +243,27 @@ impl Notice {
     }
 }
 
-/// The Events the change from `cluster`'s current status to `next` deserves: one per transition,
-/// none when nothing changed. `missing` is the source waited for, if any.
+/// The Events the change from `cluster`'s current status to `next` deserves, and the children
+/// this reconcile wrote: one per transition or change, none when nothing changed.
 pub fn notices(
     cluster: &CdnCluster,
     next: &CdnClusterStatus,
-    missing: Option<&str>,
+    observed: &Observed<'_>,
+    changes: &[ChildChange],
 ) -> Vec<Notice> {
     let namespace = cluster.namespace();
     let previous = cluster.status.clone().unwrap_or_default();
     let before = |t: &str| crate::conditions::find(&previous.conditions, t);
     let after = |t: &str| crate::conditions::find(&next.conditions, t);
-    let mut out = Vec::new();
-    match next.state {
-        Some(State::WaitingSource) => {
+    // Children were applied before (a replica count is reported only then): a missing one was
+    // deleted by someone, not yet to be created.
+    let deployed_before = previous.replicas.is_some();
+    let mut out: Vec<Notice> = changes
+        .iter()
+        .filter_map(|c| child_notice(c, deployed_before))
+        .collect();
+    match (next.state, observed) {
+        (Some(State::WaitingSource), _) => {
             let msg = after(SOURCES_READY).map(|c| c.message.clone());
             if before(SOURCES_READY).map(|c| c.message.clone()) != msg
                 || previous.state != next.state
@@ -189,28 +271,39 @@ pub fn notices(
                 // Events are folded by reason and objects, not by message: naming the missing
                 // source keeps "cache-vod not found" apart from an earlier "cache-live not found".
                 let notice = Notice::normal("SourceNotFound", msg.unwrap_or_default());
-                out.push(match missing {
-                    Some(source) => notice.about(cluster_reference(source, namespace.clone())),
-                    None => notice,
+                out.push(match observed {
+                    Observed::Problem(Problem::Missing(names)) => {
+                        notice.about(cluster_reference(&names[0], namespace.clone()))
+                    }
+                    _ => notice,
                 });
             }
         }
-        Some(State::Invalid) => {
+        (Some(State::Invalid), _) => {
             let msg = after(STALLED).map(|c| c.message.clone());
             if before(STALLED).map(|c| c.message.clone()) != msg || previous.state != next.state {
                 out.push(Notice::warning("InvalidSpec", msg.unwrap_or_default()));
             }
         }
-        Some(State::Running) if previous.state != Some(State::Running) => out.push(Notice::normal(
-            "Running",
-            format!(
-                "All {} replicas of {} are ready",
-                next.replicas.unwrap_or(0),
-                cluster.name_any()
-            ),
-        )),
+        (Some(State::Error), Observed::Refused(refusal)) => {
+            let msg = after(READY).map(|c| c.message.clone());
+            if before(READY).map(|c| c.message.clone()) != msg || previous.state != next.state {
+                let notice = Notice::warning("ApplyFailed", msg.unwrap_or_default());
+                out.push(notice.about(refusal.child.clone()));
+            }
+        }
+        (Some(State::Running), _) if previous.state != Some(State::Running) => {
+            out.push(Notice::normal(
+                "Running",
+                format!(
+                    "All {} replicas of {} are ready",
+                    next.replicas.unwrap_or(0),
+                    cluster.name_any()
+                ),
+            ))
+        }
         // Same generation: nothing asked for a rollout, replicas were lost.
-        Some(State::Deploying)
+        (Some(State::Deploying), _)
             if previous.state == Some(State::Running)
                 && previous.observed_generation == next.observed_generation =>
         {
@@ -220,4 +313,32 @@ pub fn notices(
         _ => {}
     }
     out
+}
+
+/// The Event a written child deserves. A Deployment's creation is the seed's `DeploymentCreated`,
+/// first time or again (the original operator announced a re-created Deployment so); a
+/// ConfigMap or Service is created silently with its cluster, and re-created with a Warning.
+fn child_notice(change: &ChildChange, deployed_before: bool) -> Option<Notice> {
+    let kind = change.child.kind.as_deref().unwrap_or_default();
+    let name = change.child.name.as_deref().unwrap_or_default();
+    let notice = match change.change {
+        Change::Created if kind == "Deployment" => Notice::normal(
+            "DeploymentCreated",
+            format!("The Deployment {name} has been created"),
+        ),
+        Change::Created if deployed_before => Notice::warning(
+            "ChildRestored",
+            format!("{kind} {name} was deleted outside the operator; re-created it"),
+        ),
+        Change::Created => return None,
+        Change::Updated => Notice::normal(
+            "ChildUpdated",
+            format!("{kind} {name} updated to the current spec"),
+        ),
+        Change::Restored => Notice::warning(
+            "ChildRestored",
+            format!("{kind} {name} was changed outside the operator; restored it"),
+        ),
+    };
+    Some(notice.about(change.child.clone()))
 }

@@ -9,6 +9,7 @@ use crate::api::{
     State,
 };
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentStatus};
+use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -423,7 +424,7 @@ fn unchanged_status_keeps_transition_times_and_emits_nothing() {
     let missing = Problem::Missing(vec!["x".into()]);
     let first = status::desired(&c, Observed::Problem(&missing), &now());
     assert_eq!(first.state, Some(State::WaitingSource));
-    let notices = status::notices(&c, &first, Some("x"));
+    let notices = status::notices(&c, &first, &Observed::Problem(&missing), &[]);
     assert_eq!(notices.len(), 1);
     assert_eq!(notices[0].reason, "SourceNotFound");
     assert_eq!(notices[0].message, "Source x not found, will retry later");
@@ -432,12 +433,12 @@ fn unchanged_status_keeps_transition_times_and_emits_nothing() {
     let later = Time("2026-11-22T11:00:00Z".parse().unwrap());
     let second = status::desired(&c, Observed::Problem(&missing), &later);
     assert_eq!(first, second, "same world, same status");
-    assert!(status::notices(&c, &second, Some("x")).is_empty());
+    assert!(status::notices(&c, &second, &Observed::Problem(&missing), &[]).is_empty());
 
     // Another source missing now: a new Event.
     let other = Problem::Missing(vec!["y".into()]);
     let third = status::desired(&c, Observed::Problem(&other), &later);
-    let notices = status::notices(&c, &third, Some("y"));
+    let notices = status::notices(&c, &third, &Observed::Problem(&other), &[]);
     assert_eq!(notices[0].message, "Source y not found, will retry later");
 }
 
@@ -447,7 +448,7 @@ fn invalid_and_running_transitions_emit_one_event_each() {
     let invalid = Problem::Invalid("sources form a cycle: c → d → c".into());
     let s = status::desired(&c, Observed::Problem(&invalid), &now());
     assert_eq!(s.state, Some(State::Invalid));
-    let n = status::notices(&c, &s, None);
+    let n = status::notices(&c, &s, &Observed::Problem(&invalid), &[]);
     assert_eq!(
         (n.len(), n[0].reason, n[0].warning),
         (1, "InvalidSpec", true)
@@ -463,8 +464,158 @@ fn invalid_and_running_transitions_emit_one_event_each() {
         Observed::Deployed(Some(&deployment(1, 1, 1, 1))),
         &now(),
     );
-    let n = status::notices(&c, &s, None);
+    let ready = deployment(1, 1, 1, 1);
+    let n = status::notices(&c, &s, &Observed::Deployed(Some(&ready)), &[]);
     assert_eq!(n.iter().map(|n| n.reason).collect::<Vec<_>>(), ["Running"]);
+}
+
+fn refusal(kind: &str, name: &str, code: Option<u16>, message: &str) -> status::Refusal {
+    status::Refusal {
+        child: ObjectReference {
+            kind: Some(kind.into()),
+            name: Some(name.into()),
+            namespace: Some("ns".into()),
+            ..ObjectReference::default()
+        },
+        code,
+        message: message.into(),
+    }
+}
+
+#[test]
+fn a_refused_child_is_reported_once_per_message_naming_the_child() {
+    let mut c = cluster("c", Role::Cache, vec![]);
+    let quota = refusal(
+        "Service",
+        "c",
+        Some(403),
+        "services \"c\" is forbidden: exceeded quota: q, requested: count/services=1, used: count/services=0, limited: count/services=0",
+    );
+    let s = status::desired(&c, Observed::Refused(&quota), &now());
+    assert_eq!(s.state, Some(State::Error));
+    let ready = crate::conditions::find(&s.conditions, status::READY).unwrap();
+    assert_eq!(ready.reason, "ApplyFailed");
+    assert!(
+        ready.message.starts_with(
+            "Service c was refused (403): services \"c\" is forbidden: exceeded quota"
+        ),
+        "{}",
+        ready.message
+    );
+    // A refusal of the request itself: only a change elsewhere can help.
+    assert!(crate::conditions::is_true(&s.conditions, status::STALLED));
+    assert!(!crate::conditions::is_true(
+        &s.conditions,
+        status::RECONCILING
+    ));
+    let n = status::notices(&c, &s, &Observed::Refused(&quota), &[]);
+    assert_eq!(n.len(), 1);
+    assert_eq!((n[0].reason, n[0].warning), ("ApplyFailed", true));
+    assert_eq!(n[0].message, ready.message);
+    assert_eq!(
+        n[0].related.as_ref().unwrap().kind.as_deref(),
+        Some("Service")
+    );
+
+    // The same refusal again: no new Event. Another message: one more.
+    c.status = Some(s);
+    let again = status::desired(&c, Observed::Refused(&quota), &now());
+    assert_eq!(Some(&again), c.status.as_ref());
+    assert!(status::notices(&c, &again, &Observed::Refused(&quota), &[]).is_empty());
+    let server = refusal(
+        "Service",
+        "c",
+        Some(500),
+        "failed to allocate a serviceIP: range is full",
+    );
+    let s = status::desired(&c, Observed::Refused(&server), &now());
+    assert!(
+        crate::conditions::is_true(&s.conditions, status::RECONCILING),
+        "a server error is retried"
+    );
+    assert!(!crate::conditions::is_true(&s.conditions, status::STALLED));
+    assert_eq!(
+        status::notices(&c, &s, &Observed::Refused(&server), &[]).len(),
+        1
+    );
+
+    // Applied again: the state leaves Error.
+    c.status = Some(s);
+    let s = status::desired(&c, Observed::Deployed(None), &now());
+    assert_eq!(s.state, Some(State::Deploying));
+    assert!(!crate::conditions::is_true(&s.conditions, status::STALLED));
+}
+
+#[test]
+fn each_child_change_is_one_event() {
+    let mut c = cluster("c", Role::Cache, vec![]);
+    let child = |kind: &str, name: &str, change| status::ChildChange {
+        child: ObjectReference {
+            kind: Some(kind.into()),
+            name: Some(name.into()),
+            ..ObjectReference::default()
+        },
+        change,
+    };
+    let created = [
+        child("ConfigMap", "c-nginx", status::Change::Created),
+        child("Service", "c", status::Change::Created),
+        child("Deployment", "c-deployment", status::Change::Created),
+    ];
+    let s = status::desired(&c, Observed::Deployed(None), &now());
+    let events = |c: &CdnCluster, changes: &[status::ChildChange]| {
+        status::notices(c, &s, &Observed::Deployed(None), changes)
+            .into_iter()
+            .map(|n| (n.reason, n.warning, n.message))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        events(&c, &created),
+        [(
+            "DeploymentCreated",
+            false,
+            "The Deployment c-deployment has been created".to_string()
+        )],
+        "a first creation is the seed's one Event"
+    );
+    c.status = Some(s.clone());
+    assert_eq!(
+        events(&c, &created[1..]),
+        [
+            (
+                "ChildRestored",
+                true,
+                "Service c was deleted outside the operator; re-created it".to_string()
+            ),
+            (
+                "DeploymentCreated",
+                false,
+                "The Deployment c-deployment has been created".to_string()
+            )
+        ],
+        "a deleted child is re-created with one Event each"
+    );
+    assert_eq!(
+        events(
+            &c,
+            &[
+                child("ConfigMap", "c-nginx", status::Change::Updated),
+                child("Deployment", "c-deployment", status::Change::Restored)
+            ]
+        ),
+        [
+            (
+                "ChildUpdated",
+                false,
+                "ConfigMap c-nginx updated to the current spec".to_string()
+            ),
+            (
+                "ChildRestored",
+                true,
+                "Deployment c-deployment was changed outside the operator; restored it".to_string()
+            )
+        ]
+    );
 }
 
 #[test]

@@ -9,11 +9,12 @@
 use cdn_operator::api::CdnCluster;
 use cdn_operator::cdncluster::Context;
 use cdn_operator::controller::{Backoff, CachesReady, Events};
+use http_body_util::BodyExt;
 use kube::api::{Api, ListParams};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
-use kube_fake_client::{interceptor, ClientBuilder};
+use kube_fake_client::ClientBuilder;
 use serde::de::DeserializeOwned;
 use std::fmt::Debug;
 use std::sync::{Arc, Mutex};
@@ -43,70 +44,119 @@ mod gvk {
 /// Every write request sent, in order: `create Event`, `patch Deployment foo-deployment`,
 /// `status CdnCluster foo`, `update Kind`, `replace-status name`.
 pub type WriteLog = Arc<Mutex<Vec<String>>>;
-/// The prefix of a write to fail (`patch Deployment`, say), to exercise errors.
-pub type Failure = Arc<Mutex<Option<String>>>;
 
-/// An in-memory API that knows CdnClusters (status as a subresource) and logs every write.
+/// A refusal to answer instead of the API: the writes whose log entry starts with `prefix` get
+/// this HTTP status and message, as a real API server words them.
+#[derive(Clone, Debug)]
+pub struct Refuse {
+    pub prefix: String,
+    pub code: u16,
+    pub message: String,
+}
+
+pub type Failure = Arc<Mutex<Option<Refuse>>>;
+
+/// An in-memory API that knows CdnClusters (status as a subresource), logs every write, and
+/// refuses writes on demand.
 pub struct FakeApi {
     pub client: Client,
     pub writes: WriteLog,
     pub fail: Failure,
 }
 
-fn kind_of(v: &serde_json::Value) -> String {
-    v.get("kind")
-        .and_then(|k| k.as_str())
-        .unwrap_or("?")
-        .to_string()
+/// The log entry of a write request, from what the API server sees of it; `None` for reads.
+fn describe(method: &http::Method, path: &str, body: &[u8]) -> Option<String> {
+    let kind = || {
+        serde_json::from_slice::<serde_json::Value>(body)
+            .ok()
+            .and_then(|v| v.get("kind")?.as_str().map(String::from))
+            .unwrap_or_else(|| "?".into())
+    };
+    let segments: Vec<&str> = path.trim_end_matches('/').split('/').collect();
+    let status = segments.last() == Some(&"status");
+    let name = if status {
+        segments[segments.len() - 2]
+    } else {
+        segments[segments.len() - 1]
+    };
+    match (method.as_str(), status) {
+        ("POST", _) => Some(format!("create {}", kind())),
+        ("PATCH", false) => Some(format!("patch {} {name}", kind())),
+        ("PATCH", true) => Some(format!("status {} {name}", kind())),
+        ("PUT", false) => Some(format!("update {}", kind())),
+        ("PUT", true) => Some(format!("replace-status {name}")),
+        _ => None,
+    }
+}
+
+/// The API server's answer to a refused request: a `Status`.
+fn refusal(refuse: &Refuse) -> http::Response<kube::client::Body> {
+    let reason = match refuse.code {
+        403 => "Forbidden",
+        409 => "Conflict",
+        422 => "Invalid",
+        _ => "InternalError",
+    };
+    let status = serde_json::json!({"kind": "Status", "apiVersion": "v1", "metadata": {},
+        "status": "Failure", "message": refuse.message, "reason": reason, "code": refuse.code});
+    http::Response::builder()
+        .status(refuse.code)
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .body(kube::client::Body::from(status.to_string().into_bytes()))
+        .expect("a valid response")
 }
 
 impl FakeApi {
     pub async fn new() -> FakeApi {
         let writes = WriteLog::default();
         let fail = Failure::default();
-        let recorder = |writes: &WriteLog, fail: &Failure| {
-            let (writes, fail) = (writes.clone(), fail.clone());
-            move |entry: String| {
-                let injected = fail
-                    .lock()
-                    .unwrap()
-                    .as_ref()
-                    .is_some_and(|f| entry.starts_with(f.as_str()));
-                writes.lock().unwrap().push(entry.clone());
-                if injected {
-                    Err(kube_fake_client::Error::Internal(format!(
-                        "injected failure of {entry}"
-                    )))
-                } else {
-                    Ok(None)
-                }
-            }
-        };
-        let (create, patch, status, update, replace) = (
-            recorder(&writes, &fail),
-            recorder(&writes, &fail),
-            recorder(&writes, &fail),
-            recorder(&writes, &fail),
-            recorder(&writes, &fail),
-        );
-        let funcs = interceptor::Funcs::new()
-            .create(move |ctx| create(format!("create {}", kind_of(ctx.object))))
-            .patch(move |ctx| patch(format!("patch {} {}", kind_of(ctx.patch), ctx.name)))
-            .patch_status(move |ctx| status(format!("status {} {}", kind_of(ctx.patch), ctx.name)))
-            .update(move |ctx| update(format!("update {}", kind_of(ctx.object))))
-            .replace_status(move |ctx| replace(format!("replace-status {}", ctx.name)));
-        let client = ClientBuilder::new()
+        let fake = ClientBuilder::new()
             .with_resource::<CdnCluster>()
             .with_status_subresource::<gvk::CdnCluster>()
-            .with_interceptor_funcs(funcs)
+            // A real server returns them; the operator tells drift by them.
+            .with_return_managed_fields()
             .build()
             .await
             .expect("fake client");
+        // In front of the fake, as the network would be: every request passes here.
+        let service = {
+            let (writes, fail) = (writes.clone(), fail.clone());
+            tower::service_fn(move |request: http::Request<kube::client::Body>| {
+                let (fake, writes, fail) = (fake.clone(), writes.clone(), fail.clone());
+                async move {
+                    let (parts, body) = request.into_parts();
+                    let body = body.collect().await?.to_bytes();
+                    if let Some(entry) = describe(&parts.method, parts.uri.path(), &body) {
+                        writes.lock().unwrap().push(entry.clone());
+                        let refused = fail.lock().unwrap().clone();
+                        if let Some(refuse) = refused.filter(|r| entry.starts_with(&r.prefix)) {
+                            return Ok(refusal(&refuse));
+                        }
+                    }
+                    let request = http::Request::from_parts(parts, body.to_vec().into());
+                    fake.send(request).await.map_err(tower::BoxError::from)
+                }
+            })
+        };
         FakeApi {
-            client,
+            client: Client::new(service, "default"),
             writes,
             fail,
         }
+    }
+
+    /// Refuses the writes whose log entry starts with `prefix` with `code` and `message`.
+    pub fn refuse(&self, prefix: &str, code: u16, message: &str) {
+        *self.fail.lock().unwrap() = Some(Refuse {
+            prefix: prefix.into(),
+            code,
+            message: message.into(),
+        });
+    }
+
+    /// Answers every request again.
+    pub fn accept(&self) {
+        *self.fail.lock().unwrap() = None;
     }
 
     /// The writes logged since the last call.
@@ -145,6 +195,8 @@ impl FakeApi {
             services: self.store().await,
             backoff: Backoff::default(),
             ready: CachesReady::already(),
+            // The caches are filled by hand before each reconcile: no watch to wait for.
+            writes_visible_within: std::time::Duration::ZERO,
         })
     }
 }

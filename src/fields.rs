@@ -1,0 +1,253 @@
+//! What a field manager owns of an object, as server-side apply records it in `managedFields`
+//! (`fieldsV1`), and whether that still covers an object the manager would apply. Domain-free.
+//!
+//! Why ownership and not values: the API server drops zero values (`initialDelaySeconds: 0`),
+//! fills in defaults, normalizes quantities, and other controllers write beside the operator, so
+//! comparing the applied values with the stored ones finds differences that are not drift, and
+//! each costs a write. A field the operator applied stays in its managedFields entry whatever the
+//! server does to the value, until another manager changes or removes it: exactly the drift that
+//! needs a new apply.
+
+use serde_json::{Map, Value};
+use std::hash::{DefaultHasher, Hash, Hasher};
+
+/// The fields one manager owns, kept compact for a cache: the hash of each path of its
+/// `fieldsV1` tree, and apart those of its leaves (which own everything below them).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Owned {
+    nodes: Box<[u64]>,
+    leaves: Box<[u64]>,
+}
+
+const ROOT: u64 = 0;
+
+fn step(parent: u64, element: &str) -> u64 {
+    // SipHash with fixed keys: the same path hashes alike on both sides of a comparison.
+    let mut hasher = DefaultHasher::new();
+    parent.hash(&mut hasher);
+    element.hash(&mut hasher);
+    hasher.finish()
+}
+
+impl Owned {
+    /// The fields of a `fieldsV1` tree (`{"f:spec": {"f:replicas": {}}, ...}`).
+    pub fn of(fields_v1: &Value) -> Owned {
+        fn walk(tree: &Map<String, Value>, path: u64, nodes: &mut Vec<u64>, leaves: &mut Vec<u64>) {
+            for (element, child) in tree {
+                // "." marks the list element or map itself; its fields are listed beside it.
+                if element == "." {
+                    continue;
+                }
+                let here = step(path, element);
+                nodes.push(here);
+                match child.as_object() {
+                    Some(sub) if sub.keys().any(|k| k != ".") => walk(sub, here, nodes, leaves),
+                    _ => leaves.push(here),
+                }
+            }
+        }
+        let (mut nodes, mut leaves) = (Vec::new(), Vec::new());
+        if let Some(tree) = fields_v1.as_object() {
+            walk(tree, ROOT, &mut nodes, &mut leaves);
+        }
+        nodes.sort_unstable();
+        nodes.dedup();
+        leaves.sort_unstable();
+        Owned {
+            nodes: nodes.into(),
+            leaves: leaves.into(),
+        }
+    }
+
+    /// Whether every field an apply of `object` would own is owned here. Server-managed metadata,
+    /// `apiVersion`, `kind` and `status` are not fields an apply owns.
+    pub fn covers(&self, object: &Value) -> bool {
+        let Some(map) = object.as_object() else {
+            return true;
+        };
+        map.iter().all(|(key, value)| match (key.as_str(), value) {
+            ("apiVersion" | "kind" | "status", _) => true,
+            ("metadata", Value::Object(meta)) => {
+                let metadata = step(ROOT, "f:metadata");
+                meta.iter()
+                    .filter(|(k, _)| !SERVER_METADATA.contains(&k.as_str()))
+                    .all(|(k, v)| self.covers_value(step(metadata, &format!("f:{k}")), k, v))
+            }
+            _ => self.covers_value(step(ROOT, &format!("f:{key}")), key, value),
+        })
+    }
+
+    fn has(&self, path: u64) -> bool {
+        self.nodes.binary_search(&path).is_ok()
+    }
+
+    fn owns_all_below(&self, path: u64) -> bool {
+        self.leaves.binary_search(&path).is_ok()
+    }
+
+    /// Whether the field at `here`, named `name`, holding `value`, is owned with all it holds.
+    fn covers_value(&self, here: u64, name: &str, value: &Value) -> bool {
+        if !self.has(here) {
+            return false;
+        }
+        if self.owns_all_below(here) {
+            return true;
+        }
+        match value {
+            Value::Object(map) if !map.is_empty() => map
+                .iter()
+                .all(|(k, v)| self.covers_value(step(here, &format!("f:{k}")), k, v)),
+            Value::Array(items) if !items.is_empty() => match list_type(name, &items[0]) {
+                ListType::Map(keys) => items.iter().all(|item| {
+                    let element = step(here, &element_key(keys, item));
+                    self.covers_value(element, "", item)
+                }),
+                ListType::Set => items
+                    .iter()
+                    .all(|item| self.has(step(here, &format!("v:{item}")))),
+                // Owned as a whole: its presence above is all there is.
+                ListType::Atomic => true,
+            },
+            // A scalar, or an empty map or list: a leaf, present above.
+            _ => true,
+        }
+    }
+}
+
+/// Metadata the server keeps for itself: never in a manager's fields.
+const SERVER_METADATA: &[&str] = &[
+    "name",
+    "namespace",
+    "uid",
+    "resourceVersion",
+    "generation",
+    "creationTimestamp",
+    "deletionTimestamp",
+    "deletionGracePeriodSeconds",
+    "managedFields",
+    "selfLink",
+];
+
+enum ListType {
+    /// An associative list: elements are identified by these keys (`x-kubernetes-list-map-keys`).
+    Map(&'static [&'static str]),
+    /// A set of scalars (`x-kubernetes-list-type: set`).
+    Set,
+    Atomic,
+}
+
+/// The list types of the core objects the operator writes, from the Kubernetes API's
+/// `x-kubernetes-list-type` markers. A list missing here counts as atomic: that can only make the
+/// check coarser (a change inside it goes unseen), never report a difference that is not there,
+/// since an owned list covers its elements whichever way the server records them.
+fn list_type(name: &str, first: &Value) -> ListType {
+    match name {
+        "containers"
+        | "initContainers"
+        | "ephemeralContainers"
+        | "volumes"
+        | "env"
+        | "imagePullSecrets"
+        | "resourceClaims" => ListType::Map(&["name"]),
+        "ownerReferences" => ListType::Map(&["uid"]),
+        "volumeMounts" => ListType::Map(&["mountPath"]),
+        "volumeDevices" => ListType::Map(&["devicePath"]),
+        "conditions" => ListType::Map(&["type"]),
+        "hostAliases" => ListType::Map(&["ip"]),
+        "topologySpreadConstraints" => ListType::Map(&["topologyKey", "whenUnsatisfiable"]),
+        "ports" if first.get("containerPort").is_some() => {
+            ListType::Map(&["containerPort", "protocol"])
+        }
+        "ports" => ListType::Map(&["port", "protocol"]),
+        "finalizers" => ListType::Set,
+        _ => ListType::Atomic,
+    }
+}
+
+/// The path element of one associative list element: `k:{"name":"nginx"}`, keys in order.
+fn element_key(keys: &[&str], item: &Value) -> String {
+    let key: Map<String, Value> = keys
+        .iter()
+        .filter_map(|k| Some((k.to_string(), item.get(*k)?.clone())))
+        .collect();
+    format!("k:{}", Value::Object(key))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn deployment_fields() -> Value {
+        json!({
+            "f:metadata": {"f:labels": {"f:app": {}}, "f:ownerReferences": {"k:{\"uid\":\"u1\"}": {}}},
+            "f:spec": {
+                "f:replicas": {},
+                "f:template": {"f:spec": {"f:containers": {"k:{\"name\":\"nginx\"}": {
+                    ".": {}, "f:name": {}, "f:image": {}, "f:command": {},
+                    "f:ports": {"k:{\"containerPort\":8080,\"protocol\":\"TCP\"}": {".": {}, "f:containerPort": {}, "f:protocol": {}}},
+                    "f:readinessProbe": {"f:initialDelaySeconds": {}, "f:periodSeconds": {}}
+                }}}}
+            }
+        })
+    }
+
+    fn deployment() -> Value {
+        json!({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "d", "namespace": "ns", "labels": {"app": "a"},
+                "ownerReferences": [{"uid": "u1", "name": "c", "kind": "K", "apiVersion": "v1"}]},
+            "spec": {"replicas": 1, "template": {"spec": {"containers": [{
+                "name": "nginx", "image": "nginx", "command": ["nginx", "-g"],
+                "ports": [{"containerPort": 8080, "protocol": "TCP"}],
+                "readinessProbe": {"initialDelaySeconds": 0, "periodSeconds": 10}
+            }]}}}
+        })
+    }
+
+    #[test]
+    fn an_applied_object_is_covered_by_its_own_fields_whatever_the_values() {
+        let owned = Owned::of(&deployment_fields());
+        assert!(owned.covers(&deployment()));
+        // Values play no part: the server may have dropped a zero or normalized a quantity.
+        let mut other = deployment();
+        other["spec"]["replicas"] = json!(0);
+        assert!(owned.covers(&other));
+    }
+
+    #[test]
+    fn a_field_taken_or_added_is_not_covered() {
+        let owned = Owned::of(&deployment_fields());
+        let mut added = deployment();
+        added["spec"]["paused"] = json!(true);
+        assert!(!owned.covers(&added));
+
+        // Another manager changed the image: the server moved that field to its entry.
+        let mut taken = deployment_fields();
+        taken["f:spec"]["f:template"]["f:spec"]["f:containers"]["k:{\"name\":\"nginx\"}"]
+            .as_object_mut()
+            .unwrap()
+            .remove("f:image");
+        assert!(!Owned::of(&taken).covers(&deployment()));
+
+        let mut other_container = deployment();
+        other_container["spec"]["template"]["spec"]["containers"][0]["name"] = json!("envoy");
+        assert!(!owned.covers(&other_container));
+        assert!(!Owned::default().covers(&deployment()));
+    }
+
+    #[test]
+    fn a_list_owned_whole_covers_its_elements() {
+        // A manager that records lists as atomic (or an older server): the list is a leaf.
+        let atomic = json!({"f:metadata": {"f:labels": {"f:app": {}}, "f:ownerReferences": {}},
+            "f:spec": {"f:replicas": {}, "f:template": {"f:spec": {"f:containers": {}}}}});
+        assert!(Owned::of(&atomic).covers(&deployment()));
+    }
+
+    #[test]
+    fn sets_are_owned_by_value() {
+        let owned = Owned::of(&json!({"f:metadata": {"f:finalizers": {".": {}, "v:\"a/b\"": {}}}}));
+        assert!(owned.covers(&json!({"metadata": {"finalizers": ["a/b"]}})));
+        assert!(!owned.covers(&json!({"metadata": {"finalizers": ["a/b", "c"]}})));
+    }
+}
