@@ -19,57 +19,64 @@ fn params() -> PatchParams {
     PatchParams::apply(FIELD_MANAGER).force()
 }
 
-/// Annotation holding a hash of what the operator last applied to an object. A field dropped from
-/// the desired object changes the hash, which the field-by-field comparison alone cannot see.
+/// Annotation holding a hash of what the operator last applied to an object: a change of what
+/// it applies, a field dropped included, changes the hash.
 pub const APPLIED_HASH_ANNOTATION: &str = "cdn-operator.anevia.com/applied-hash";
 
-/// What an apply did.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Applied<K> {
-    /// The observed object already held what would be applied: no request was sent.
-    Unchanged,
-    /// There was no such object; the server's answer.
-    Created(K),
+/// Why an object must be applied.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Change {
+    /// There is no such object.
+    Created,
     /// What the operator applies changed since its last apply.
-    Updated(K),
-    /// Another manager had changed or removed fields the operator applied: taken back.
-    Restored(K),
+    Updated,
+    /// Another manager changed or removed fields the operator applied: to take back.
+    Restored,
 }
 
-/// Applies `desired` unless `observed` (its cached copy) already holds it: the same applied hash,
-/// and every field of it still owned by the operator (see [`crate::fields`]). Values are never
-/// compared: zero values the server drops, its defaults and normalizations, and fields other
+/// Whether `desired` must be applied over `observed` (its cached copy), and why; stamps
+/// `desired` with its applied hash. Nothing is needed when `observed` carries the same hash and
+/// the operator still owns every field of `desired` (see [`crate::fields`]). Values are never
+/// compared: zero values the server drops, its defaults and normalizations, and the fields other
 /// managers own cost no write.
+pub fn change<K>(desired: &mut K, observed: Option<&Compact<K>>) -> Option<Change>
+where
+    K: Resource + Serialize,
+{
+    let hash = hash(&to_value(&*desired));
+    desired
+        .annotations_mut()
+        .insert(APPLIED_HASH_ANNOTATION.to_string(), hash.clone());
+    let Some(observed) = observed else {
+        return Some(Change::Created);
+    };
+    if observed.annotations().get(APPLIED_HASH_ANNOTATION) != Some(&hash) {
+        return Some(Change::Updated);
+    }
+    let owned = observed.owned.as_ref();
+    if owned.is_some_and(|owned| owned.covers(&to_value(&*desired))) {
+        None
+    } else {
+        Some(Change::Restored)
+    }
+}
+
+/// Applies `desired` if [`change`] says it is needed. Returns why, with the server's answer.
 pub async fn apply<K>(
     api: &Api<K>,
     mut desired: K,
     observed: Option<&Compact<K>>,
-) -> kube::Result<Applied<K>>
+) -> kube::Result<Option<(Change, K)>>
 where
     K: Resource + Serialize + DeserializeOwned + Clone + Debug,
 {
-    let mut value = to_value(&desired);
-    let hash = hash(&value);
-    value["metadata"]["annotations"][APPLIED_HASH_ANNOTATION] = Value::String(hash.clone());
-    let same_spec =
-        observed.is_some_and(|o| o.annotations().get(APPLIED_HASH_ANNOTATION) == Some(&hash));
-    let owned = observed
-        .and_then(|o| o.owned.as_ref())
-        .is_some_and(|owned| owned.covers(&value));
-    if same_spec && owned {
-        return Ok(Applied::Unchanged);
-    }
-    desired
-        .annotations_mut()
-        .insert(APPLIED_HASH_ANNOTATION.to_string(), hash);
+    let Some(change) = change(&mut desired, observed) else {
+        return Ok(None);
+    };
     let applied = api
         .patch(&desired.name_any(), &params(), &Patch::Apply(&desired))
         .await?;
-    Ok(match observed {
-        None => Applied::Created(applied),
-        Some(_) if same_spec => Applied::Restored(applied),
-        Some(_) => Applied::Updated(applied),
-    })
+    Ok(Some((change, applied)))
 }
 
 /// Applies `desired` without looking at a cached copy (there is none, or it cannot be trusted).
@@ -77,10 +84,10 @@ pub async fn apply_always<K>(api: &Api<K>, desired: K) -> kube::Result<K>
 where
     K: Resource + Serialize + DeserializeOwned + Clone + Debug,
 {
-    match apply(api, desired, None).await? {
-        Applied::Created(applied) => Ok(applied),
-        _ => unreachable!("without a cached copy, apply always sends the request"),
-    }
+    let applied = apply(api, desired, None).await?;
+    Ok(applied
+        .expect("without a cached copy, apply always sends the request")
+        .1)
 }
 
 /// Applies `status` to the status subresource of `object` unless its current status equals it.

@@ -7,7 +7,7 @@ pub mod sources;
 pub mod status;
 
 use crate::api::CdnCluster;
-use crate::apply::{self, Applied};
+use crate::apply;
 use crate::compact::Compact;
 use crate::controller::{self, Backoff, CachesReady, Error, Events, Leadership, Scope};
 use build::{Children, MANAGED_BY, MANAGED_BY_LABEL};
@@ -23,7 +23,7 @@ use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use status::{Change, ChildChange, Observed};
+use status::{ChildChange, Observed};
 use std::fmt::Debug;
 use std::hash::Hash;
 use std::sync::Arc;
@@ -345,11 +345,8 @@ where
             name: name.clone(),
             source,
         })?;
-    let (change, applied) = match applied {
-        Applied::Unchanged => return Ok((observed, None)),
-        Applied::Created(k) => (Change::Created, k),
-        Applied::Updated(k) => (Change::Updated, k),
-        Applied::Restored(k) => (Change::Restored, k),
+    let Some((change, applied)) = applied else {
+        return Ok((observed, None));
     };
     written.changes.push(ChildChange {
         child: applied.object_ref(&()),

@@ -2,6 +2,7 @@
 
 use super::sources::Problem;
 use crate::api::{CdnCluster, CdnClusterStatus, State};
+pub use crate::apply::Change;
 use crate::conditions::{set_condition, ConditionStatus};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::ObjectReference;
@@ -52,16 +53,6 @@ impl Refusal {
             None => format!("{kind} {name} could not be applied: {}", self.message),
         }
     }
-}
-
-/// How applying a child changed it, when it did.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Change {
-    Created,
-    /// To the current spec.
-    Updated,
-    /// Another manager had changed or removed what the operator applied.
-    Restored,
 }
 
 /// A child the reconcile wrote, for the Events.

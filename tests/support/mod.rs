@@ -108,6 +108,11 @@ fn refusal(refuse: &Refuse) -> http::Response<kube::client::Body> {
 
 impl FakeApi {
     pub async fn new() -> FakeApi {
+        FakeApi::with_objects(Vec::new()).await
+    }
+
+    /// The in-memory API holding `objects` (JSON, as a real server returned them).
+    pub async fn with_objects(objects: Vec<serde_json::Value>) -> FakeApi {
         let writes = WriteLog::default();
         let fail = Failure::default();
         let fake = ClientBuilder::new()
@@ -115,6 +120,7 @@ impl FakeApi {
             .with_status_subresource::<gvk::CdnCluster>()
             // A real server returns them; the operator tells drift by them.
             .with_return_managed_fields()
+            .with_runtime_objects(objects)
             .build()
             .await
             .expect("fake client");
