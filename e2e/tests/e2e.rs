@@ -244,6 +244,92 @@ async fn a_deleted_deployment_is_recreated() {
         (env.event_count("foo", "DeploymentCreated").await >= 2).then_some(())
     })
     .await;
+
+    // A deleted ConfigMap and Service are re-created too, each with one Warning.
+    for (kind, name) in [("ConfigMap", "foo-nginx"), ("Service", "foo")] {
+        let dp = DeleteParams::default();
+        match kind {
+            "ConfigMap" => env.api::<ConfigMap>().delete(name, &dp).await.map(|_| ()),
+            _ => env.api::<Service>().delete(name, &dp).await.map(|_| ()),
+        }
+        .expect("delete by hand");
+        let note = format!("{kind} {name} was deleted outside the operator; re-created it");
+        wait_event(&env, "foo", "ChildRestored", &note).await;
+    }
+    assert_children(&env, "foo").await;
+
+    // One fact, one Event: the re-created Deployment is announced once, and nothing else is
+    // said of it, even as its status changes.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(env.event_count("foo", "DeploymentCreated").await, 2);
+    let restored: Vec<String> = env
+        .events()
+        .await
+        .into_iter()
+        .filter(|(n, _, r, _)| n == "foo" && r == "ChildRestored")
+        .map(|(_, _, _, note)| note)
+        .collect();
+    assert_eq!(
+        restored,
+        [
+            "ConfigMap foo-nginx was deleted outside the operator; re-created it",
+            "Service foo was deleted outside the operator; re-created it"
+        ]
+    );
+}
+
+/// The kstatus condition `type_` of `name`: (status, reason, message).
+async fn condition(env: &Env, name: &str, type_: &str) -> Option<(String, String, String)> {
+    let cluster: CdnCluster = get(env, name).await?;
+    let c = cluster
+        .status?
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == type_)?;
+    Some((c.status, c.reason, c.message))
+}
+
+#[tokio::test]
+async fn a_child_the_server_refuses_is_reported_and_deployed_once_allowed() {
+    let Some(mut env) = Env::new("refused-child").await else {
+        return;
+    };
+    // A quota of no Services: the API server refuses the Service with 403.
+    env.apply_yaml(
+        "apiVersion: v1\nkind: ResourceQuota\nmetadata:\n  name: no-services\nspec:\n  hard:\n    count/services: \"0\"\n",
+    )
+    .await
+    .expect("the quota");
+    env.start_operator().await;
+    env.create_cluster("foo", json!({"role": "cache", "sources": []}))
+        .await
+        .expect("foo");
+    wait_state(&env, "foo", &[State::Error]).await;
+    let (status, reason, message) = condition(&env, "foo", "Ready").await.unwrap();
+    assert_eq!((status.as_str(), reason.as_str()), ("False", "ApplyFailed"));
+    assert!(
+        message.starts_with("Service foo was refused (403): services \"foo\" is forbidden: exceeded quota: no-services"),
+        "{message}"
+    );
+    assert_eq!(condition(&env, "foo", "Stalled").await.unwrap().0, "True");
+    wait_event(&env, "foo", "ApplyFailed", &message).await;
+
+    // Retried with backoff (1, 2, 4 s...), reported once.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    assert_eq!(env.event_count("foo", "ApplyFailed").await, 1);
+    assert!(
+        get::<Deployment>(&env, "foo-deployment").await.is_none(),
+        "no Deployment without its Service"
+    );
+
+    // The quota lifted: the next retry deploys.
+    env.api::<k8s_openapi::api::core::v1::ResourceQuota>()
+        .delete("no-services", &DeleteParams::default())
+        .await
+        .expect("delete the quota");
+    wait_state(&env, "foo", DEPLOYED).await;
+    assert_children(&env, "foo").await;
+    assert_eq!(condition(&env, "foo", "Stalled").await.unwrap().0, "False");
 }
 
 #[tokio::test]

@@ -49,8 +49,9 @@ struct Args {
     /// Number of namespaces they are spread over.
     #[arg(long, default_value_t = 10)]
     namespaces: usize,
-    /// Replicas of each CdnCluster. Default 0: the figures are the operator's, not the nodes'.
-    #[arg(long, default_value_t = 0)]
+    /// Replicas of each CdnCluster. At least 1, as in any real cluster: with 0 the deployment
+    /// controller stops writing Deployment status early, which hides a reconcile it triggers.
+    #[arg(long, default_value_t = 1)]
     replicas: i32,
     /// The operator's --max-concurrent-reconciles, also the baseline's concurrency.
     #[arg(long, default_value_t = 16)]
