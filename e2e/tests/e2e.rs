@@ -276,6 +276,21 @@ async fn a_deleted_deployment_is_recreated() {
             "Service foo was deleted outside the operator; re-created it"
         ]
     );
+
+    // An ordinary deletion is quiet: no failed reconcile, no warning about the object gone.
+    env.api::<CdnCluster>()
+        .delete("foo", &DeleteParams::default())
+        .await
+        .expect("delete foo");
+    eventually("foo gone", WAIT, || async {
+        get::<CdnCluster>(&env, "foo").await.is_none().then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let logs = env.logs();
+    for noise in ["reconcile failed", "not found in local store", "WARN"] {
+        assert!(!logs.contains(noise), "`{noise}` in the logs:\n{logs}");
+    }
 }
 
 /// The kstatus condition `type_` of `name`: (status, reason, message).
