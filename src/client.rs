@@ -3,9 +3,13 @@
 use http::header::{HeaderValue, USER_AGENT};
 use kube::{Client, Config};
 
-/// The User-Agent of every request, so API server audit logs and metrics name the operator.
+/// The product in the User-Agent of every request, so API server audit logs and metrics name the
+/// operator: `cdn-operator/<version>`.
+pub const PRODUCT: &str = "cdn-operator";
+
+/// The User-Agent of every request.
 pub fn user_agent() -> String {
-    format!("{}/{}", crate::FIELD_MANAGER, crate::VERSION)
+    format!("{PRODUCT}/{}", crate::VERSION)
 }
 
 /// Sets the operator's User-Agent on a client configuration.

@@ -68,7 +68,7 @@ fn operator_fields(metadata: &ObjectMeta) -> Option<Owned> {
         .as_ref()?
         .iter()
         .find(|entry| {
-            entry.manager.as_deref() == Some(crate::FIELD_MANAGER)
+            entry.manager.as_deref() == Some(crate::apply::FIELD_MANAGER)
                 && entry.operation.as_deref() == Some("Apply")
                 && entry.subresource.as_deref().unwrap_or_default().is_empty()
         })
@@ -186,12 +186,12 @@ mod tests {
         d.metadata.managed_fields = Some(vec![
             entry("kubectl", None, json!({"f:spec": {"f:paused": {}}})),
             entry(
-                crate::FIELD_MANAGER,
+                crate::apply::FIELD_MANAGER,
                 Some("status"),
                 json!({"f:status": {}}),
             ),
             entry(
-                crate::FIELD_MANAGER,
+                crate::apply::FIELD_MANAGER,
                 None,
                 json!({"f:spec": {"f:replicas": {}}}),
             ),

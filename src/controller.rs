@@ -165,6 +165,9 @@ where
     (reader, stream)
 }
 
+/// The reporting controller of every Event the operator publishes (`kubectl get events` SOURCE).
+pub const EVENT_REPORTER: &str = "cdn-operator";
+
 /// Publishes Events for objects of one controller.
 #[derive(Clone)]
 pub struct Events {
@@ -174,7 +177,7 @@ pub struct Events {
 impl Events {
     pub fn new(client: Client, instance: Option<String>) -> Self {
         let reporter = Reporter {
-            controller: crate::FIELD_MANAGER.into(),
+            controller: EVENT_REPORTER.into(),
             instance,
         };
         Events {

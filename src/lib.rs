@@ -14,7 +14,5 @@ pub mod restricted;
 pub mod run;
 pub mod runtime;
 
-pub use apply::FIELD_MANAGER;
-
 /// The operator's version, as built.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -68,7 +68,7 @@ pub async fn connect(what: &str) -> Option<Client> {
 /// waits until the API server serves them.
 pub async fn install_crds(client: &Client) {
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let params = PatchParams::apply(cdn_operator::FIELD_MANAGER).force();
+    let params = PatchParams::apply(cdn_operator::apply::FIELD_MANAGER).force();
     for crd in cdn_operator::api::crds() {
         let name = crd.name_any();
         api.patch(&name, &params, &Patch::Apply(&crd))
@@ -524,7 +524,9 @@ impl Env {
             .expect("listing Events")
             .items
             .into_iter()
-            .filter(|e| e.reporting_controller.as_deref() == Some(cdn_operator::FIELD_MANAGER))
+            .filter(|e| {
+                e.reporting_controller.as_deref() == Some(cdn_operator::controller::EVENT_REPORTER)
+            })
             .collect();
         events.sort_by_key(|e| {
             (
@@ -555,7 +557,9 @@ impl Env {
             .expect("listing Events")
             .items
             .iter()
-            .filter(|e| e.reporting_controller.as_deref() == Some(cdn_operator::FIELD_MANAGER))
+            .filter(|e| {
+                e.reporting_controller.as_deref() == Some(cdn_operator::controller::EVENT_REPORTER)
+            })
             .filter(|e| e.reason.as_deref() == Some(reason))
             .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
             .map(|e| e.series.as_ref().map_or(1, |s| s.count))

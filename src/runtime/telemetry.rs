@@ -18,6 +18,9 @@ use tracing_subscriber::layer::{Context, SubscriberExt};
 use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::{Layer, Registry};
 
+/// The OpenTelemetry `service.name` when `OTEL_SERVICE_NAME` does not set one.
+pub const SERVICE_NAME: &str = "cdn-operator";
+
 /// The default log filter: the operator at info, the Kubernetes client only when it warns.
 pub const DEFAULT_LOG_FILTER: &str = "info,kube=warn,kube_client=warn,kube_runtime=warn";
 
@@ -104,7 +107,7 @@ impl Otlp {
         Ok(Some(Otlp {
             certificate,
             endpoint,
-            service_name: var("OTEL_SERVICE_NAME").unwrap_or_else(|| crate::FIELD_MANAGER.into()),
+            service_name: var("OTEL_SERVICE_NAME").unwrap_or_else(|| SERVICE_NAME.into()),
             timeout,
         }))
     }
@@ -218,7 +221,7 @@ where
         .with_span_processor(processor)
         .with_resource(resource)
         .build();
-    let tracer = provider.tracer(crate::FIELD_MANAGER);
+    let tracer = provider.tracer(env!("CARGO_PKG_NAME"));
     // Spans at info and above (the reconciles), the Kubernetes client's request spans when they
     // happen inside one of those (not the long watches), and warnings as span events. kube's own
     // "reconciling object" span is left out: the instrumented reconcile is the root.
