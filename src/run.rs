@@ -9,7 +9,7 @@ use crate::runtime::instrument::Reconciles;
 use crate::runtime::leader::{self, Elector};
 use crate::runtime::metrics::Metrics;
 use crate::runtime::parse_duration;
-use crate::runtime::shutdown::Shutdown;
+use crate::runtime::shutdown::{self, Shutdown};
 use crate::runtime::telemetry::{self, LogFormat, Otlp, Telemetry};
 use crate::{at, cdncluster};
 use futures::future::BoxFuture;
@@ -190,9 +190,7 @@ async fn telemetry_shutdown(telemetry: Telemetry) {
 pub async fn run(args: Args) -> Result<(), String> {
     let election = args.election()?;
     let shutdown = Shutdown::new();
-    shutdown
-        .on_signals()
-        .map_err(|e| format!("cannot handle signals: {e}"))?;
+    shutdown::on_signals(&shutdown).map_err(|e| format!("cannot handle signals: {e}"))?;
     // Bound before connecting: a busy port is a configuration error worth failing on at once.
     let probe_listener =
         http::bind("health-probe-bind-address", &args.health_probe_bind_address).await?;
@@ -200,7 +198,7 @@ pub async fn run(args: Args) -> Result<(), String> {
 
     let client = tokio::select! {
         client = connect() => client?,
-        _ = shutdown.requested() => return Ok(()),
+        _ = shutdown.clone().cancelled_owned() => return Ok(()),
     };
 
     let metrics = Metrics::new();
@@ -215,7 +213,7 @@ pub async fn run(args: Args) -> Result<(), String> {
                 .local_addr()
                 .map_err(|e| format!("cannot serve {endpoints}: {e}"))?;
             tracing::info!(%address, endpoints, "serving HTTP");
-            let stop = servers_stop.requested();
+            let stop = servers_stop.clone().cancelled_owned();
             tokio::spawn(async move {
                 if let Err(error) = http::serve(listener, router, stop).await {
                     tracing::error!(%error, %address, endpoints, "HTTP server failed");
@@ -315,9 +313,9 @@ pub async fn run(args: Args) -> Result<(), String> {
         async move {
             let _alive = alive;
             match elector {
-                Some(elector) => elector.run(shutdown.requested()).await,
+                Some(elector) => elector.run(shutdown.clone().cancelled_owned()).await,
                 None => {
-                    shutdown.requested().await;
+                    shutdown.clone().cancelled_owned().await;
                     Ok(())
                 }
             }
@@ -331,7 +329,7 @@ pub async fn run(args: Args) -> Result<(), String> {
         }
         _ = &mut controllers.0 => {
             // On a signal, idle controllers may stop before the election loop notices.
-            if !shutdown.is_requested() {
+            if !shutdown.is_cancelled() {
                 return Err("the controllers stopped unexpectedly".into());
             }
             true
@@ -357,7 +355,7 @@ pub async fn run(args: Args) -> Result<(), String> {
         Some(elector) => elector.release().await,
         None => leadership.set(false),
     }
-    servers_stop.trigger();
+    servers_stop.cancel();
     Ok(())
 }
 
@@ -418,7 +416,7 @@ impl Glue {
             self.leadership.clone(),
         );
         let stream = controller
-            .graceful_shutdown_on(self.shutdown.requested())
+            .graceful_shutdown_on(self.shutdown.clone().cancelled_owned())
             .run(
                 move |obj, ctx| reconciles.run(obj, ctx, reconcile),
                 error_policy,

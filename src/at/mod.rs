@@ -35,7 +35,7 @@ use kube::runtime::controller::{Action, Config, Controller};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Client, ResourceExt};
-use status::{Notice, PodAction};
+use status::PodAction;
 use std::sync::Arc;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
@@ -200,15 +200,8 @@ pub async fn reconcile(at: Arc<At>, ctx: Arc<Context>) -> Result<Action, Error> 
     apply::apply_status(&api, at.as_ref(), at.status.as_ref(), &plan.status).await?;
     // The Events tell the status transition just written: published before the pod action, so a
     // failed (and retried) pod write does not lose them.
-    for Notice {
-        warning,
-        reason,
-        message,
-    } in plan.notices
-    {
-        ctx.events
-            .publish(at.as_ref(), warning, reason, message, "Reconcile", None)
-            .await;
+    for notice in plan.notices {
+        ctx.events.publish(at.as_ref(), notice).await;
     }
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
     match (plan.pod, pod) {

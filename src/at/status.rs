@@ -61,13 +61,7 @@ pub enum PodAction {
     Release,
 }
 
-/// An Event to publish.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Notice {
-    pub warning: bool,
-    pub reason: &'static str,
-    pub message: String,
-}
+pub use crate::controller::Notice;
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct Plan {
@@ -318,10 +312,10 @@ fn ended(pod: &Pod, name: &str) -> Option<End> {
 pub fn notices(at: &At, previous: &AtStatus, next: &AtStatus) -> Vec<Notice> {
     let mut out = Vec::new();
     let mut push = |warning, reason, message| {
-        out.push(Notice {
-            warning,
-            reason,
-            message,
+        out.push(if warning {
+            Notice::warning(reason, message)
+        } else {
+            Notice::normal(reason, message)
         })
     };
     let key = |s: &AtStatus, t: &str| {

@@ -235,16 +235,7 @@ pub async fn reconcile(cluster: Arc<CdnCluster>, ctx: Arc<Context>) -> Result<Ac
         Err(error) => return Err(Error::WriteStatus(error)),
     }
     for notice in notices {
-        ctx.events
-            .publish(
-                cluster.as_ref(),
-                notice.warning,
-                notice.reason,
-                notice.message,
-                "Reconcile",
-                notice.related,
-            )
-            .await;
+        ctx.events.publish(cluster.as_ref(), notice).await;
     }
     written.until_visible().await;
     if let Some(Err(error)) = applied {

@@ -4,6 +4,7 @@ use super::sources::Problem;
 use crate::api::{CdnCluster, CdnClusterStatus, State};
 pub use crate::apply::Change;
 use crate::conditions::{set_condition, ConditionStatus};
+pub use crate::controller::Notice;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -195,43 +196,6 @@ fn rolled_out(deployment: Option<&Deployment>, replicas: i32) -> bool {
         && s.updated_replicas.unwrap_or(0) >= replicas
         && s.ready_replicas.unwrap_or(0) >= replicas
         && s.replicas.unwrap_or(0) <= replicas
-}
-
-/// An Event to publish about a CdnCluster.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Notice {
-    pub warning: bool,
-    pub reason: &'static str,
-    pub message: String,
-    /// The child the Event is about, if any. Events are aggregated by reason and objects, so two
-    /// children restored at once must name their child to stay two Events.
-    pub related: Option<ObjectReference>,
-}
-
-impl Notice {
-    pub fn normal(reason: &'static str, message: String) -> Self {
-        Notice {
-            warning: false,
-            reason,
-            message,
-            related: None,
-        }
-    }
-
-    pub fn warning(reason: &'static str, message: String) -> Self {
-        Notice {
-            warning: true,
-            ..Notice::normal(reason, message)
-        }
-    }
-
-    /// The same Event, about `child`.
-    pub fn about(self, child: ObjectReference) -> Self {
-        Notice {
-            related: Some(child),
-            ..self
-        }
-    }
 }
 
 /// The Events the change from `cluster`'s current status to `next` deserves, and the children
