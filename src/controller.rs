@@ -29,8 +29,14 @@ pub enum Error {
     },
     #[error("could not write the status: {}", describe(.0))]
     WriteStatus(#[source] kube::Error),
-    #[error("Kubernetes API request failed: {0}")]
-    Kube(#[from] kube::Error),
+    #[error("could not read the object afresh before writing: {}", describe(.0))]
+    ReadFresh(#[source] kube::Error),
+    #[error("could not release the finalizer of Pod {pod}: {}", describe(source))]
+    ReleaseFinalizer {
+        pod: String,
+        #[source]
+        source: kube::Error,
+    },
 }
 
 /// A failed request in one line: the server's message and code, or the client's error.

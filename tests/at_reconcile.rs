@@ -545,6 +545,12 @@ async fn a_failed_release_keeps_its_event_and_is_retried_with_backoff() {
     let error = at::reconcile(h.cached("retry"), h.ctx.clone())
         .await
         .unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .starts_with("could not release the finalizer of Pod retry-pod: "),
+        "the error names the step and the pod: {error}"
+    );
     assert_eq!(
         at::error_policy(h.cached("retry"), &error, h.ctx.clone()),
         Action::requeue(Duration::from_secs(1))

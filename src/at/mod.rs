@@ -189,7 +189,7 @@ pub async fn reconcile(at: Arc<At>, ctx: Arc<Context>) -> Result<Action, Error> 
     let mut plan = status::plan(&at, status::view(&at, pod.as_deref()), now);
     if plan.writes(&at) {
         // Never write from a cache that may lag behind our own last writes.
-        let Some(fresh) = api.get_opt(&name).await? else {
+        let Some(fresh) = api.get_opt(&name).await.map_err(Error::ReadFresh)? else {
             return Ok(Action::await_change());
         };
         at = Arc::new(fresh);
@@ -197,7 +197,14 @@ pub async fn reconcile(at: Arc<At>, ctx: Arc<Context>) -> Result<Action, Error> 
         plan = status::plan(&at, status::view(&at, pod.as_deref()), now);
     }
 
-    apply::apply_status(&api, at.as_ref(), at.status.as_ref(), &plan.status).await?;
+    match apply::apply_status(&api, at.as_ref(), at.status.as_ref(), &plan.status).await {
+        Ok(_) => {}
+        Err(error) if controller::is_not_found(&error) => {
+            tracing::debug!(%namespace, %name, "deleted before its status was written");
+            return Ok(Action::await_change());
+        }
+        Err(error) => return Err(Error::WriteStatus(error)),
+    }
     // The Events tell the status transition just written: published before the pod action, so a
     // failed (and retried) pod write does not lose them.
     for notice in plan.notices {
@@ -207,11 +214,17 @@ pub async fn reconcile(at: Arc<At>, ctx: Arc<Context>) -> Result<Action, Error> 
     match (plan.pod, pod) {
         (PodAction::Create, _) => {
             tracing::info!(%namespace, %name, "creating the pod");
-            apply::apply_always(&pods, build::pod(&at)).await?;
+            let pod = build::pod(&at);
+            let pod_name = pod.name_any();
+            apply::apply_always(&pods, pod)
+                .await
+                .map_err(|source| Error::ApplyChild {
+                    kind: "Pod".into(),
+                    name: pod_name,
+                    source,
+                })?;
         }
-        (PodAction::Release, Some(pod)) => {
-            apply::remove_finalizer(&pods, pod.as_ref(), build::FINALIZER).await?;
-        }
+        (PodAction::Release, Some(pod)) => release(&pods, &pod).await?,
         _ => {}
     }
     ctx.backoff.succeeded(&controller::key(at.as_ref()));
@@ -248,7 +261,7 @@ pub async fn release_orphan(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, 
     }
     tracing::info!(%namespace, pod = %pod.name_any(), "releasing the pod of a deleted At");
     let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
-    apply::remove_finalizer(&api, pod.as_ref(), build::FINALIZER).await?;
+    release(&api, &pod).await?;
     ctx.backoff.succeeded(&orphan_key(&pod));
     Ok(Action::await_change())
 }
@@ -259,6 +272,17 @@ pub fn orphan_error_policy(pod: Arc<Pod>, error: &Error, ctx: Arc<Context>) -> A
     let delay = ctx.backoff.failed(&key);
     tracing::warn!(%key, %error, retry_in = ?delay, "releasing a pod failed");
     Action::requeue(delay)
+}
+
+/// Removes the operator's finalizer from `pod`.
+async fn release(api: &Api<Pod>, pod: &Pod) -> Result<(), Error> {
+    apply::remove_finalizer(api, pod, build::FINALIZER)
+        .await
+        .map(|_| ())
+        .map_err(|source| Error::ReleaseFinalizer {
+            pod: pod.name_any(),
+            source,
+        })
 }
 
 fn orphan_key(pod: &Pod) -> String {
