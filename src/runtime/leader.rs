@@ -10,6 +10,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube_leader_election::{LeaseLock, LeaseLockParams, LeaseLockResult};
 use prometheus_client::metrics::gauge::Gauge;
 use std::future::Future;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -115,7 +116,7 @@ impl Elector {
         status: Gauge,
     ) -> Self {
         let lock = LeaseLock::new(
-            client,
+            compare_and_swap(client, &config.lease_name),
             &config.namespace,
             LeaseLockParams {
                 lease_name: config.lease_name.clone(),
@@ -260,6 +261,49 @@ impl Elector {
     }
 }
 
+/// The client of the lease lock, made a compare-and-swap: kube-leader-election reads the Lease,
+/// decides, then merge-patches it with no precondition, so two candidates racing for an expired
+/// Lease would both be told they acquired it. Here each patch of the Lease carries the
+/// resourceVersion of the Lease as last read: the second writer gets 409 Conflict and follows.
+fn compare_and_swap(client: kube::Client, lease: &str) -> kube::Client {
+    use http_body_util::BodyExt;
+    let suffix = format!("/leases/{lease}");
+    let last_read: Arc<Mutex<Option<String>>> = Arc::default();
+    let service = tower::service_fn(move |request: http::Request<kube::client::Body>| {
+        let (client, suffix, last_read) = (client.clone(), suffix.clone(), last_read.clone());
+        async move {
+            if !request.uri().path().ends_with(&suffix) {
+                return client.send(request).await.map_err(tower::BoxError::from);
+            }
+            let (parts, body) = request.into_parts();
+            let mut body = body.collect().await?.to_bytes();
+            if parts.method == http::Method::PATCH {
+                let version = last_read.lock().expect("lease version lock").clone();
+                if let (Some(version), Ok(mut patch)) =
+                    (version, serde_json::from_slice::<serde_json::Value>(&body))
+                {
+                    patch["metadata"]["resourceVersion"] = serde_json::Value::String(version);
+                    body = serde_json::to_vec(&patch)?.into();
+                }
+            }
+            let reads = parts.method == http::Method::GET;
+            let request = http::Request::from_parts(parts, body.to_vec().into());
+            let response = client.send(request).await?;
+            if !(reads && response.status().is_success()) {
+                return Ok(response);
+            }
+            let (parts, body) = response.into_parts();
+            let body = body.collect().await?.to_bytes();
+            let version = serde_json::from_slice::<Lease>(&body)
+                .ok()
+                .and_then(|lease| lease.metadata.resource_version);
+            *last_read.lock().expect("lease version lock") = version;
+            Ok::<_, tower::BoxError>(http::Response::from_parts(parts, body.to_vec().into()))
+        }
+    });
+    kube::Client::new(service, "default")
+}
+
 fn holder(lease: &Lease) -> String {
     lease
         .spec
@@ -388,7 +432,6 @@ mod api_tests {
     use kube_fake_client::interceptor::Funcs;
     use kube_fake_client::ClientBuilder;
     use std::sync::atomic::{AtomicBool, Ordering};
-    use std::sync::Arc;
 
     fn config(identity: &str) -> Config {
         Config {
@@ -430,6 +473,60 @@ mod api_tests {
             assert!(start.elapsed() < within, "{what}: not within {within:?}");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+    }
+
+    /// `client`, where each patch of a Lease waits until `racers` patches are under way: every
+    /// candidate has read the Lease before any writes it, the worst interleaving.
+    fn racing(client: kube::Client, racers: usize) -> kube::Client {
+        let barrier = Arc::new(tokio::sync::Barrier::new(racers));
+        let service = tower::service_fn(move |request: http::Request<kube::client::Body>| {
+            let (client, barrier) = (client.clone(), barrier.clone());
+            async move {
+                let lease_patch = request.method() == http::Method::PATCH
+                    && request.uri().path().contains("/leases/");
+                if lease_patch {
+                    barrier.wait().await;
+                }
+                client.send(request).await.map_err(tower::BoxError::from)
+            }
+        });
+        kube::Client::new(service, "default")
+    }
+
+    #[tokio::test]
+    async fn two_candidates_racing_for_an_expired_lease_never_both_lead() {
+        let client = ClientBuilder::new().build().await.unwrap();
+        let expired: Lease = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "cdn-operator", "namespace": "ops"},
+            "spec": {"holderIdentity": "pod-gone", "leaseDurationSeconds": 1,
+                "renewTime": "2026-01-01T00:00:00.000000Z", "acquireTime": "2026-01-01T00:00:00.000000Z",
+                "leaseTransitions": 0}
+        }))
+        .unwrap();
+        Api::<Lease>::namespaced(client.clone(), "ops")
+            .create(&Default::default(), &expired)
+            .await
+            .unwrap();
+        let racing = racing(client.clone(), 2);
+        let (a, _, _) = elector(&racing, "pod-a");
+        let (b, _, _) = elector(&racing, "pod-b");
+        let (ra, rb) = tokio::join!(
+            a.attempt(Duration::from_secs(5)),
+            b.attempt(Duration::from_secs(5))
+        );
+        let leading: Vec<&str> = [("pod-a", &ra), ("pod-b", &rb)]
+            .into_iter()
+            .filter(|(_, r)| matches!(r, Attempt::Leading))
+            .map(|(who, _)| who)
+            .collect();
+        assert_eq!(leading.len(), 1, "exactly one leads: {ra:?} / {rb:?}");
+        let holder = spec_holder(&lease(&client).await).unwrap();
+        assert_eq!(holder, leading[0], "and it is the holder");
+        let loser = if holder == "pod-a" { &rb } else { &ra };
+        assert!(
+            matches!(loser, Attempt::Failed(e) if e.contains("409") || e.contains("onflict")),
+            "the other was refused by the precondition: {loser:?}"
+        );
     }
 
     #[tokio::test]
