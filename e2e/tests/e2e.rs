@@ -926,6 +926,83 @@ fn shipped<'a>(manifests: &'a [serde_json::Value], kind: &str) -> &'a serde_json
         .unwrap_or_else(|| panic!("kustomize/base ships no {kind}"))
 }
 
+/// `client`, where each patch of a Lease waits until `racers` patches are under way: every
+/// candidate has read the Lease before any writes it, the worst interleaving.
+fn racing(client: kube::Client, racers: usize) -> kube::Client {
+    let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(racers));
+    let service = tower::service_fn(move |request: http::Request<kube::client::Body>| {
+        let (client, barrier) = (client.clone(), barrier.clone());
+        async move {
+            if request.method() == http::Method::PATCH && request.uri().path().contains("/leases/")
+            {
+                barrier.wait().await;
+            }
+            client.send(request).await.map_err(tower::BoxError::from)
+        }
+    });
+    kube::Client::new(service, "default")
+}
+
+#[tokio::test]
+async fn leader_election_two_candidates_racing_for_an_expired_lease_never_both_lead() {
+    use cdn_operator::controller::Leadership;
+    use cdn_operator::runtime::leader::{Attempt, Config, Elector};
+    let Some(env) = Env::new("leader-race").await else {
+        return;
+    };
+    let expired: Lease = serde_json::from_value(json!({
+        "metadata": {"name": "race"},
+        "spec": {"holderIdentity": "pod-gone", "leaseDurationSeconds": 1,
+            "renewTime": "2026-01-01T00:00:00.000000Z", "acquireTime": "2026-01-01T00:00:00.000000Z",
+            "leaseTransitions": 0}
+    }))
+    .unwrap();
+    env.api::<Lease>()
+        .create(&PostParams::default(), &expired)
+        .await
+        .expect("an expired Lease");
+    let metrics = cdn_operator::runtime::metrics::Metrics::new();
+    let client = racing(env.client.clone(), 2);
+    let elector = |identity: &str| {
+        let config = Config {
+            namespace: env.ns.clone(),
+            lease_name: "race".into(),
+            identity: identity.into(),
+            lease_duration: Duration::from_secs(15),
+            renew_deadline: Duration::from_secs(10),
+            retry_period: Duration::from_secs(2),
+        };
+        Elector::new(
+            client.clone(),
+            config,
+            Leadership::standby(),
+            metrics.leader_status("race"),
+        )
+    };
+    let (a, b) = (elector("pod-a"), elector("pod-b"));
+    let (ra, rb) = tokio::join!(
+        a.attempt(Duration::from_secs(10)),
+        b.attempt(Duration::from_secs(10))
+    );
+    let leading: Vec<&str> = [("pod-a", &ra), ("pod-b", &rb)]
+        .into_iter()
+        .filter(|(_, r)| matches!(r, Attempt::Leading))
+        .map(|(who, _)| who)
+        .collect();
+    assert_eq!(leading.len(), 1, "exactly one leads: {ra:?} / {rb:?}");
+    let holder = holder(&env, "race").await;
+    assert_eq!(
+        holder.as_deref(),
+        Some(leading[0]),
+        "and it holds the Lease"
+    );
+    let loser = if leading[0] == "pod-a" { &rb } else { &ra };
+    assert!(
+        matches!(loser, Attempt::Failed(e) if e.contains("409") || e.contains("the object has been modified")),
+        "the other was refused by the precondition: {loser:?}"
+    );
+}
+
 #[tokio::test]
 async fn rbac_the_shipped_roles_are_enough_for_the_whole_job() {
     let Some(mut env) = Env::new("rbac").await else {
