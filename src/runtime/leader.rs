@@ -325,6 +325,8 @@ pub fn default_identity(pod_name: Option<&str>) -> String {
         .filter(|h| !h.is_empty())
         .or_else(|| std::env::var("HOSTNAME").ok())
         .unwrap_or_else(|| "cdn-operator".into());
+    // Unique per process, not secret: std's RandomState is keyed from the OS's random source,
+    // which is all 32 bits of suffix need; no random-number crate for that.
     use std::hash::{BuildHasher, Hasher};
     let suffix = std::collections::hash_map::RandomState::new()
         .build_hasher()
