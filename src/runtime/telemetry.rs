@@ -358,6 +358,10 @@ impl Visit for JsonVisitor {
 
 /// One JSON object per event: `ts`, `level`, `target`, `msg`, the fields of the enclosing spans
 /// (outermost first, inner ones win), then the event's own fields.
+///
+/// Not tracing-subscriber's JSON format: it nests span fields under `span`/`spans`, while log
+/// pipelines join a line to its trace by a top-level `trace_id` (and filter by `namespace` and
+/// `name`), the contract the README documents.
 struct JsonLines;
 
 impl<S, N> FormatEvent<S, N> for JsonLines
