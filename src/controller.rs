@@ -4,6 +4,7 @@
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::Api;
+use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{watcher, WatchStreamExt};
@@ -11,7 +12,6 @@ use kube::{Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use std::collections::HashMap;
 use std::fmt::Debug;
-use std::future::Future;
 use std::hash::Hash;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -273,6 +273,14 @@ impl Backoff {
     pub fn succeeded(&self, key: &str) {
         self.failures.lock().expect("backoff lock").remove(key);
     }
+
+    /// The error policy of every controller: logs what failed and retries `key` after its
+    /// backoff.
+    pub fn retry(&self, key: &str, error: &Error) -> Action {
+        let delay = self.failed(key);
+        tracing::warn!(%key, %error, retry_in = ?delay, "reconcile failed");
+        Action::requeue(delay)
+    }
 }
 
 /// The key of an object in logs and backoff.
@@ -326,6 +334,24 @@ impl Leadership {
     }
 }
 
+/// A cache that tells when it has listed once, whatever it holds.
+pub trait StoreReady: Send + Sync + 'static {
+    fn listed(&self) -> futures::future::BoxFuture<'static, ()>;
+}
+
+impl<K> StoreReady for Store<K>
+where
+    K: Resource + Clone + Send + Sync + 'static,
+    K::DynamicType: Eq + Hash + Clone + Send + Sync,
+{
+    fn listed(&self) -> futures::future::BoxFuture<'static, ()> {
+        let store = self.clone();
+        Box::pin(async move {
+            let _ = store.wait_until_ready().await;
+        })
+    }
+}
+
 /// Whether a controller's caches have all listed once, for any number of waiters.
 ///
 /// kube's `Store::wait_until_ready` wakes only the last task that polled it (a oneshot keeps one
@@ -345,16 +371,13 @@ impl CachesReady {
         }
     }
 
-    /// Opens once `stores_ready()` completes; must be called inside the tokio runtime.
-    pub fn after<F, Fut>(stores_ready: F) -> Self
-    where
-        F: Fn() -> Fut + Send + 'static,
-        Fut: Future<Output = ()> + Send,
-    {
+    /// Opens once every one of `stores` has listed; must be called inside the tokio runtime.
+    pub fn of(stores: Vec<Box<dyn StoreReady>>) -> Self {
         let tx = watch::Sender::new(false);
         let rx = tx.subscribe();
         tokio::spawn(async move {
-            while tokio::time::timeout(Duration::from_millis(100), stores_ready())
+            let all = || futures::future::join_all(stores.iter().map(|s| s.listed()));
+            while tokio::time::timeout(Duration::from_millis(100), all())
                 .await
                 .is_err()
             {}

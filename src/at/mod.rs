@@ -134,15 +134,7 @@ pub fn controller(
     .reconcile_all_on(leadership.acquired())
     .with_config(config);
 
-    let ready = {
-        let stores = (ats.clone(), pods.clone());
-        CachesReady::after(move || {
-            let (ats, pods) = stores.clone();
-            async move {
-                let _ = futures::join!(ats.wait_until_ready(), pods.wait_until_ready());
-            }
-        })
-    };
+    let ready = CachesReady::of(vec![Box::new(ats.clone()), Box::new(pods.clone())]);
     let context = Arc::new(Context {
         client,
         events,
@@ -233,10 +225,7 @@ pub async fn reconcile(at: Arc<At>, ctx: Arc<Context>) -> Result<Action, Error> 
 
 /// Retries a failed reconcile with exponential backoff per object.
 pub fn error_policy(at: Arc<At>, error: &Error, ctx: Arc<Context>) -> Action {
-    let key = controller::key(at.as_ref());
-    let delay = ctx.backoff.failed(&key);
-    tracing::warn!(%key, %error, retry_in = ?delay, "reconcile failed");
-    Action::requeue(delay)
+    ctx.backoff.retry(&controller::key(at.as_ref()), error)
 }
 
 /// The janitor: releases the finalizer of a pod being deleted whose At is gone (or is another At
@@ -268,10 +257,7 @@ pub async fn release_orphan(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, 
 
 /// Retries a failed release with exponential backoff per pod.
 pub fn orphan_error_policy(pod: Arc<Pod>, error: &Error, ctx: Arc<Context>) -> Action {
-    let key = orphan_key(&pod);
-    let delay = ctx.backoff.failed(&key);
-    tracing::warn!(%key, %error, retry_in = ?delay, "releasing a pod failed");
-    Action::requeue(delay)
+    ctx.backoff.retry(&orphan_key(&pod), error)
 }
 
 /// Removes the operator's finalizer from `pod`.

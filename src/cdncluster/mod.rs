@@ -109,25 +109,12 @@ pub fn controller(
         .reconcile_all_on(leadership.acquired())
         .with_config(Config::default().concurrency(concurrency));
 
-    let ready = {
-        let stores = (
-            clusters.clone(),
-            deployments.clone(),
-            config_maps.clone(),
-            services.clone(),
-        );
-        CachesReady::after(move || {
-            let (a, b, c, d) = stores.clone();
-            async move {
-                let _ = futures::join!(
-                    a.wait_until_ready(),
-                    b.wait_until_ready(),
-                    c.wait_until_ready(),
-                    d.wait_until_ready()
-                );
-            }
-        })
-    };
+    let ready = CachesReady::of(vec![
+        Box::new(clusters.clone()),
+        Box::new(deployments.clone()),
+        Box::new(config_maps.clone()),
+        Box::new(services.clone()),
+    ]);
     let context = Arc::new(Context {
         client,
         events,
@@ -247,10 +234,7 @@ pub async fn reconcile(cluster: Arc<CdnCluster>, ctx: Arc<Context>) -> Result<Ac
 
 /// Retries a failed reconcile with exponential backoff per object.
 pub fn error_policy(cluster: Arc<CdnCluster>, error: &Error, ctx: Arc<Context>) -> Action {
-    let key = controller::key(cluster.as_ref());
-    let delay = ctx.backoff.failed(&key);
-    tracing::warn!(%key, %error, retry_in = ?delay, "reconcile failed");
-    Action::requeue(delay)
+    ctx.backoff.retry(&controller::key(cluster.as_ref()), error)
 }
 
 /// What a reconcile wrote: the children it changed (for the Events), and, for each write, the
