@@ -7,10 +7,11 @@ use crate::controller::{Events, Leadership, Scope};
 use crate::runtime::http::{self, Health};
 use crate::runtime::instrument::Reconciles;
 use crate::runtime::leader::{self, Elector};
+use crate::runtime::logs::{self, LogFormat};
 use crate::runtime::metrics::Metrics;
 use crate::runtime::parse_duration;
 use crate::runtime::shutdown::{self, Shutdown};
-use crate::runtime::telemetry::{self, LogFormat, Otlp, Telemetry};
+use crate::runtime::telemetry::{self, Otlp, Telemetry};
 use crate::{at, cdncluster};
 use futures::future::BoxFuture;
 use futures::{FutureExt, StreamExt};
@@ -133,7 +134,7 @@ impl Args {
             None => std::env::var("RUST_LOG")
                 .ok()
                 .filter(|v| !v.trim().is_empty())
-                .unwrap_or_else(|| telemetry::DEFAULT_LOG_FILTER.into()),
+                .unwrap_or_else(|| logs::DEFAULT_LOG_FILTER.into()),
         };
         Ok(telemetry::Settings {
             format: self
