@@ -87,7 +87,7 @@ impl Context {
 }
 
 /// Builds the At controller, watching Ats and their pods, and the janitor that releases the
-/// finalizer of pods whose At is gone. Run both (see `run.rs`), with [`reconcile`] /
+/// finalizer of pods whose At is gone. Run both (see `crate::run`), with [`reconcile`] /
 /// [`error_policy`] and [`release_orphan`] / [`orphan_error_policy`], on the same context.
 pub fn controller(
     client: Client,

@@ -1,0 +1,128 @@
+//! The flags and environment of `cdn-operator run`.
+
+use crate::controller::Scope;
+use crate::runtime::leader;
+use crate::runtime::logs::{self, LogFormat};
+use crate::runtime::parse_duration;
+use crate::runtime::telemetry::{self, Otlp};
+use std::time::Duration;
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct Args {
+    /// Watch and manage one namespace only (namespaced RBAC); default: every namespace.
+    #[arg(long, env = "WATCH_NAMESPACE")]
+    pub namespace: Option<String>,
+
+    /// How many objects each controller reconciles at once.
+    #[arg(long, env = "MAX_CONCURRENT_RECONCILES", default_value_t = 16,
+          value_parser = clap::value_parser!(u16).range(1..))]
+    pub max_concurrent_reconciles: u16,
+
+    /// This replica's identity in Events (the pod name in a cluster).
+    #[arg(long, env = "POD_NAME")]
+    pub pod_name: Option<String>,
+
+    /// Elect a leader among the replicas with a Lease; only the leader reconciles. Set to false
+    /// for a single local process.
+    #[arg(long, env = "LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
+    pub leader_elect: bool,
+
+    /// Namespace of the Lease: default the pod's namespace (POD_NAMESPACE, or the service
+    /// account's namespace file).
+    #[arg(long, env = "POD_NAMESPACE")]
+    pub leader_election_namespace: Option<String>,
+
+    /// Name of the Lease.
+    #[arg(
+        long,
+        env = "LEADER_ELECTION_ID",
+        default_value = "cdn-operator-leader"
+    )]
+    pub leader_election_id: String,
+
+    /// This replica's identity in the Lease: default the pod name, else host name + random suffix.
+    #[arg(long, env = "LEADER_ELECTION_IDENTITY")]
+    pub leader_election_identity: Option<String>,
+
+    /// How long a Lease is valid after its last renewal (whole seconds).
+    #[arg(long, default_value = "15s", value_parser = parse_duration)]
+    pub leader_election_lease_duration: Duration,
+
+    /// How long the leader retries renewing before it gives up (and exits).
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub leader_election_renew_deadline: Duration,
+
+    /// How often candidates try to acquire and the leader renews.
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    pub leader_election_retry_period: Duration,
+
+    /// Address of /healthz and /readyz (`:8081`, `127.0.0.1:8081`; `0` disables).
+    #[arg(long, env = "HEALTH_PROBE_BIND_ADDRESS", default_value = ":8081")]
+    pub health_probe_bind_address: String,
+
+    /// Address of /metrics (`:8080`, `127.0.0.1:8080`; `0` disables).
+    #[arg(long, env = "METRICS_BIND_ADDRESS", default_value = ":8080")]
+    pub metrics_bind_address: String,
+
+    /// Log format: default json inside a cluster, text elsewhere.
+    #[arg(long, env = "LOG_FORMAT", value_enum)]
+    pub log_format: Option<LogFormat>,
+
+    /// Log filter (`info`, `debug`, `info,kube=debug` ...): default RUST_LOG, else info.
+    #[arg(long)]
+    pub log_level: Option<String>,
+
+    /// On SIGTERM/SIGINT, how long in-flight reconciles may take to finish.
+    #[arg(long, env = "SHUTDOWN_TIMEOUT", default_value = "25s", value_parser = parse_duration)]
+    pub shutdown_timeout: Duration,
+}
+
+impl Args {
+    pub fn scope(&self) -> Scope {
+        match &self.namespace {
+            Some(ns) if !ns.is_empty() => Scope::Namespace(ns.clone()),
+            _ => Scope::All,
+        }
+    }
+
+    /// The election settings, or None with `--leader-elect=false`. Checked before connecting.
+    pub fn election(&self) -> Result<Option<leader::Config>, String> {
+        if !self.leader_elect {
+            return Ok(None);
+        }
+        let namespace = leader::namespace(
+            self.leader_election_namespace.as_deref(),
+            std::path::Path::new(leader::SERVICE_ACCOUNT_NAMESPACE),
+        )?;
+        let config = leader::Config {
+            namespace,
+            lease_name: self.leader_election_id.clone(),
+            identity: match &self.leader_election_identity {
+                Some(identity) => identity.clone(),
+                None => leader::default_identity(self.pod_name.as_deref()),
+            },
+            lease_duration: self.leader_election_lease_duration,
+            renew_deadline: self.leader_election_renew_deadline,
+            retry_period: self.leader_election_retry_period,
+        };
+        config.validate()?;
+        Ok(Some(config))
+    }
+
+    pub(super) fn telemetry(&self) -> Result<telemetry::Settings, String> {
+        let filter = match &self.log_level {
+            Some(level) => level.clone(),
+            None => std::env::var("RUST_LOG")
+                .ok()
+                .filter(|v| !v.trim().is_empty())
+                .unwrap_or_else(|| logs::DEFAULT_LOG_FILTER.into()),
+        };
+        Ok(telemetry::Settings {
+            format: self
+                .log_format
+                .unwrap_or_else(LogFormat::default_for_environment),
+            filter,
+            otlp: Otlp::from_env(|name| std::env::var(name).ok())?,
+        })
+    }
+}

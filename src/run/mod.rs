@@ -1,0 +1,257 @@
+//! `cdn-operator run`: the controllers side by side, with the runtime around them (leader
+//! election, probes, metrics, traces, logs, graceful shutdown). The glue between the domain-free
+//! runtime and the controllers lives here.
+
+mod args;
+mod gauges;
+mod glue;
+
+pub use args::Args;
+pub use gauges::{register_at_gauges, register_cdncluster_gauges};
+
+use crate::controller::{Events, Leadership};
+use crate::runtime::http::{self, Health};
+use crate::runtime::leader::Elector;
+use crate::runtime::metrics::Metrics;
+use crate::runtime::shutdown::{self, Shutdown};
+use crate::runtime::telemetry::{self, Telemetry};
+use crate::{at, cdncluster};
+use glue::Glue;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Runs the operator; any failure is one line on stderr and a non-zero exit.
+pub fn main(args: Args) -> ExitCode {
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(error) => {
+            eprintln!("cdn-operator: cannot start the async runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        let telemetry = telemetry::init(&args.telemetry()?)?;
+        let result = run(args).await;
+        telemetry_shutdown(telemetry).await;
+        result
+    });
+    // Whatever still runs (an abandoned reconcile) is dropped, not waited for.
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("cdn-operator: {}", one_line(&error));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Some errors (a YAML parser's, with its source snippet) span lines: the fatal message is one.
+fn one_line(message: &str) -> String {
+    message
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+async fn telemetry_shutdown(telemetry: Telemetry) {
+    telemetry.shutdown(Duration::from_secs(5)).await;
+}
+
+/// The operator's life: serve probes and metrics, connect, campaign, run the controllers, and
+/// on SIGTERM/SIGINT drain them, release the lease and return Ok.
+pub async fn run(args: Args) -> Result<(), String> {
+    let election = args.election()?;
+    let shutdown = Shutdown::new();
+    shutdown::on_signals(&shutdown).map_err(|e| format!("cannot handle signals: {e}"))?;
+    // Bound before connecting: a busy port is a configuration error worth failing on at once.
+    let probe_listener =
+        http::bind("health-probe-bind-address", &args.health_probe_bind_address).await?;
+    let metrics_listener = http::bind("metrics-bind-address", &args.metrics_bind_address).await?;
+
+    let client = tokio::select! {
+        client = connect() => client?,
+        _ = shutdown.clone().cancelled_owned() => return Ok(()),
+    };
+
+    let metrics = Metrics::new();
+    let health = Health::default();
+    let servers_stop = Shutdown::new();
+    for (endpoints, listener, router) in [
+        ("probes", probe_listener, http::probes(health.clone())),
+        ("metrics", metrics_listener, http::metrics(metrics.clone())),
+    ] {
+        if let Some(listener) = listener {
+            let address = listener
+                .local_addr()
+                .map_err(|e| format!("cannot serve {endpoints}: {e}"))?;
+            tracing::info!(%address, endpoints, "serving HTTP");
+            let stop = servers_stop.clone().cancelled_owned();
+            tokio::spawn(async move {
+                if let Err(error) = http::serve(listener, router, stop).await {
+                    tracing::error!(%error, %address, endpoints, "HTTP server failed");
+                }
+            });
+        }
+    }
+
+    let leadership = match &election {
+        Some(_) => Leadership::standby(),
+        None => Leadership::always(),
+    };
+    let elector = election.map(|config| {
+        let status = metrics.leader_status(&config.lease_name);
+        Arc::new(Elector::new(
+            client.clone(),
+            config,
+            leadership.clone(),
+            status,
+        ))
+    });
+
+    let scope = args.scope();
+    let events = Events::new(client.clone(), args.pod_name.clone());
+    let concurrency = args.max_concurrent_reconciles;
+    let glue = Glue {
+        metrics: metrics.clone(),
+        health: health.clone(),
+        shutdown: shutdown.clone(),
+        leadership: leadership.clone(),
+        concurrency,
+    };
+
+    let (ctx, controller) = cdncluster::controller(
+        client.clone(),
+        &scope,
+        events.clone(),
+        leadership.clone(),
+        concurrency,
+    );
+    register_cdncluster_gauges(&metrics, ctx.clusters.clone());
+    let ready = {
+        let ctx = ctx.clone();
+        async move { ctx.wait_until_ready().await }
+    };
+    let cdnclusters = glue.controller(
+        cdncluster::CONTROLLER,
+        controller,
+        ready,
+        cdncluster::reconcile,
+        cdncluster::error_policy,
+        ctx,
+    );
+
+    let (at_ctx, at_controller, at_janitor) = at::controller(
+        client.clone(),
+        &scope,
+        events.clone(),
+        leadership.clone(),
+        concurrency,
+    );
+    register_at_gauges(&metrics, at_ctx.ats.clone());
+    let at_ready = || {
+        let ctx = at_ctx.clone();
+        async move { ctx.wait_until_ready().await }
+    };
+    let ats = glue.controller(
+        at::CONTROLLER,
+        at_controller,
+        at_ready(),
+        at::reconcile,
+        at::error_policy,
+        at_ctx.clone(),
+    );
+    let at_pods = glue.controller(
+        at::JANITOR,
+        at_janitor,
+        at_ready(),
+        at::release_orphan,
+        at::orphan_error_policy,
+        at_ctx.clone(),
+    );
+
+    tracing::info!(
+        ?scope,
+        leader_election = elector.is_some(),
+        "starting the controllers"
+    );
+    let mut controllers = AbortOnDrop(tokio::spawn(async move {
+        futures::future::join_all([cdnclusters, ats, at_pods]).await;
+    }));
+
+    let campaign = {
+        let elector = elector.clone();
+        let shutdown = shutdown.clone();
+        let alive = health.alive_while("leader-election");
+        async move {
+            let _alive = alive;
+            match elector {
+                Some(elector) => elector.run(shutdown.clone().cancelled_owned()).await,
+                None => {
+                    shutdown.clone().cancelled_owned().await;
+                    Ok(())
+                }
+            }
+        }
+    };
+    let stopped = tokio::select! {
+        result = campaign => {
+            // Ok only once shutdown is requested; a loss has already stopped the reconciles.
+            result.map_err(|lost| format!("{lost}; exiting so a fresh process rejoins the election"))?;
+            false
+        }
+        _ = &mut controllers.0 => {
+            // On a signal, idle controllers may stop before the election loop notices.
+            if !shutdown.is_cancelled() {
+                return Err("the controllers stopped unexpectedly".into());
+            }
+            true
+        }
+    };
+
+    // Shutdown: the controllers stop taking work on the same signal; in-flight reconciles get
+    // the timeout to finish.
+    if !stopped {
+        tracing::info!(timeout = ?args.shutdown_timeout, "shutting down: finishing in-flight reconciles");
+        match tokio::time::timeout(args.shutdown_timeout, &mut controllers.0).await {
+            Ok(_) => tracing::info!("the controllers stopped"),
+            Err(_) => tracing::warn!(
+                timeout = ?args.shutdown_timeout,
+                "in-flight reconciles did not finish in time; abandoning them (they are retried by the next leader)"
+            ),
+        }
+    } else {
+        tracing::info!("the controllers stopped");
+    }
+    drop(controllers);
+    match &elector {
+        Some(elector) => elector.release().await,
+        None => leadership.set(false),
+    }
+    servers_stop.cancel();
+    Ok(())
+}
+
+/// A client, checked by one request so an unreachable API server fails at start.
+async fn connect() -> Result<kube::Client, String> {
+    let client = crate::client::connect()
+        .await
+        .map_err(|e| format!("cannot configure a Kubernetes client: {e}"))?;
+    let version = client
+        .apiserver_version()
+        .await
+        .map_err(|e| format!("cannot reach the Kubernetes API server: {e}"))?;
+    tracing::info!(version = %version.git_version, "connected to the Kubernetes API server");
+    Ok(client)
+}
+
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
