@@ -9,7 +9,7 @@
 //!    API as the watches would fill them: time, writes per reconcile; then a second pass after the
 //!    caches caught up: writes must be 0.
 //! 2. Resident memory of reflector stores holding 10,000 CdnClusters and their 30,000 children as
-//!    the operator caches them (managedFields dropped, as `controller::cached` does).
+//!    the operator caches them (managedFields dropped, as `cache::cached` does).
 //!
 //! Under `cargo test` (no `--bench` argument) it runs a small size, as a check of the invariants.
 
@@ -17,7 +17,7 @@ use cdn_operator::api::{CdnCluster, CdnClusterSpec, Role, Source};
 use cdn_operator::cdncluster::status::{self, Observed};
 use cdn_operator::cdncluster::{self, build, sources, Context};
 use cdn_operator::compact::Compact;
-use cdn_operator::controller::Events;
+use cdn_operator::events::Events;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, Time};
 use kube::api::{Api, PostParams};
 use kube::runtime::reflector::{self, Store};
@@ -170,7 +170,7 @@ fn rss_kib() -> u64 {
 }
 
 /// What the API server adds to an object: identity, version, and managedFields (which the
-/// operator's cache then drops, as `controller::cached` does).
+/// operator's cache then drops, as `cache::cached` does).
 fn served<K: Resource>(mut obj: K, i: usize, managers: &[&str]) -> K {
     let meta = obj.meta_mut();
     meta.uid = Some(format!("6f1c2f0e-8d5b-4c1e-9a57-{i:012x}"));

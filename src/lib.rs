@@ -4,12 +4,14 @@
 pub mod api;
 pub mod apply;
 pub mod at;
+pub mod cache;
 pub mod cdncluster;
 pub mod client;
 pub mod compact;
 pub mod conditions;
-pub mod controller;
+pub mod events;
 pub mod fields;
+pub mod reconcile;
 pub mod restricted;
 pub mod run;
 pub mod runtime;

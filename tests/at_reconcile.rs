@@ -7,7 +7,9 @@
 
 use cdn_operator::api::{At, AtSpec, Outcome, Phase};
 use cdn_operator::at::{self, build, status, Clock, Context};
-use cdn_operator::controller::{Backoff, CachesReady, Events};
+use cdn_operator::cache::CachesReady;
+use cdn_operator::events::Events;
+use cdn_operator::reconcile::Backoff;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;

@@ -6,7 +6,8 @@
 
 use cdn_operator::api::{CdnCluster, CdnClusterSpec, Role, Source, State};
 use cdn_operator::cdncluster::{self, build, Context};
-use cdn_operator::controller::{Events, Leadership};
+use cdn_operator::events::Events;
+use cdn_operator::reconcile::Leadership;
 use cdn_operator::runtime::instrument::Reconciles;
 use cdn_operator::runtime::metrics::Metrics;
 use k8s_openapi::api::apps::v1::Deployment;
@@ -103,7 +104,7 @@ impl Cluster {
         self.fake.context(self.events.clone()).await
     }
 
-    async fn reconcile(&self, name: &str) -> Result<Action, cdn_operator::controller::Error> {
+    async fn reconcile(&self, name: &str) -> Result<Action, cdn_operator::reconcile::Error> {
         let obj = Arc::new(self.get_cluster(name).await);
         cdncluster::reconcile(obj, self.context().await).await
     }
@@ -709,7 +710,7 @@ async fn a_cluster_deleted_while_queued_ends_quietly() {
     assert_eq!(
         cdncluster::error_policy(
             stale,
-            &cdn_operator::controller::Error::WriteStatus(
+            &cdn_operator::reconcile::Error::WriteStatus(
                 kube::Error::LinesCodecMaxLineLengthExceeded
             ),
             ctx

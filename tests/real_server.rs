@@ -12,7 +12,7 @@ use cdn_operator::api::{CdnCluster, State};
 use cdn_operator::apply::{self, Change};
 use cdn_operator::cdncluster::{self, build, sources};
 use cdn_operator::compact::Compact;
-use cdn_operator::controller::Events;
+use cdn_operator::events::Events;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::ConfigMap;
 

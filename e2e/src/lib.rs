@@ -525,7 +525,7 @@ impl Env {
             .items
             .into_iter()
             .filter(|e| {
-                e.reporting_controller.as_deref() == Some(cdn_operator::controller::EVENT_REPORTER)
+                e.reporting_controller.as_deref() == Some(cdn_operator::events::EVENT_REPORTER)
             })
             .collect();
         events.sort_by_key(|e| {
@@ -558,7 +558,7 @@ impl Env {
             .items
             .iter()
             .filter(|e| {
-                e.reporting_controller.as_deref() == Some(cdn_operator::controller::EVENT_REPORTER)
+                e.reporting_controller.as_deref() == Some(cdn_operator::events::EVENT_REPORTER)
             })
             .filter(|e| e.reason.as_deref() == Some(reason))
             .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))

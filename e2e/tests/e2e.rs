@@ -948,7 +948,7 @@ fn racing(client: kube::Client, racers: usize) -> kube::Client {
 
 #[tokio::test]
 async fn leader_election_two_candidates_racing_for_an_expired_lease_never_both_lead() {
-    use cdn_operator::controller::Leadership;
+    use cdn_operator::reconcile::Leadership;
     use cdn_operator::runtime::leader::{Attempt, Config, Elector};
     let Some(env) = Env::new("leader-race").await else {
         return;

@@ -26,7 +26,9 @@ pub mod status;
 
 use crate::api::At;
 use crate::apply;
-use crate::controller::{self, Backoff, CachesReady, Error, Events, Leadership, Scope};
+use crate::cache::{self, CachesReady, Scope};
+use crate::events::Events;
+use crate::reconcile::{self, Backoff, Error, Leadership};
 use futures::StreamExt;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
@@ -97,8 +99,8 @@ pub fn controller(
     concurrency: u16,
 ) -> (Arc<Context>, Controller<At>, Controller<Pod>) {
     let (ats, at_events) =
-        controller::cached(scope.api::<At>(client.clone()), watcher::Config::default());
-    let (pods, pod_events) = controller::cached(
+        cache::cached(scope.api::<At>(client.clone()), watcher::Config::default());
+    let (pods, pod_events) = cache::cached(
         scope.api::<Pod>(client.clone()),
         watcher::Config::default().labels(&build::selector()),
     );
@@ -191,7 +193,7 @@ pub async fn reconcile(at: Arc<At>, ctx: Arc<Context>) -> Result<Action, Error> 
 
     match apply::apply_status(&api, at.as_ref(), at.status.as_ref(), &plan.status).await {
         Ok(_) => {}
-        Err(error) if controller::is_not_found(&error) => {
+        Err(error) if reconcile::is_not_found(&error) => {
             tracing::debug!(%namespace, %name, "deleted before its status was written");
             return Ok(Action::await_change());
         }
@@ -219,13 +221,13 @@ pub async fn reconcile(at: Arc<At>, ctx: Arc<Context>) -> Result<Action, Error> 
         (PodAction::Release, Some(pod)) => release(&pods, &pod).await?,
         _ => {}
     }
-    ctx.backoff.succeeded(&controller::key(at.as_ref()));
+    ctx.backoff.succeeded(&reconcile::key(at.as_ref()));
     Ok(plan.wake.map_or_else(Action::await_change, Action::requeue))
 }
 
 /// Retries a failed reconcile with exponential backoff per object.
 pub fn error_policy(at: Arc<At>, error: &Error, ctx: Arc<Context>) -> Action {
-    ctx.backoff.retry(&controller::key(at.as_ref()), error)
+    ctx.backoff.retry(&reconcile::key(at.as_ref()), error)
 }
 
 /// The janitor: releases the finalizer of a pod being deleted whose At is gone (or is another At
@@ -272,5 +274,5 @@ async fn release(api: &Api<Pod>, pod: &Pod) -> Result<(), Error> {
 }
 
 fn orphan_key(pod: &Pod) -> String {
-    format!("pod:{}", controller::key(pod))
+    format!("pod:{}", reconcile::key(pod))
 }

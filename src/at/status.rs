@@ -61,7 +61,7 @@ pub enum PodAction {
     Release,
 }
 
-pub use crate::controller::Notice;
+pub use crate::events::Notice;
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct Plan {

@@ -8,8 +8,10 @@ pub mod status;
 
 use crate::api::CdnCluster;
 use crate::apply;
+use crate::cache::{self, CachesReady, Scope};
 use crate::compact::Compact;
-use crate::controller::{self, Backoff, CachesReady, Error, Events, Leadership, Scope};
+use crate::events::Events;
+use crate::reconcile::{self, Backoff, Error, Leadership};
 use build::{Children, MANAGED_BY, MANAGED_BY_LABEL};
 use futures::future::BoxFuture;
 use futures::FutureExt;
@@ -70,19 +72,19 @@ pub fn controller(
     concurrency: u16,
 ) -> (Arc<Context>, Controller<CdnCluster>) {
     let children = watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}"));
-    let (deployments, deployment_events) = controller::cached(
+    let (deployments, deployment_events) = cache::cached(
         scope.api::<Compact<Deployment>>(client.clone()),
         children.clone(),
     );
-    let (config_maps, config_map_events) = controller::cached(
+    let (config_maps, config_map_events) = cache::cached(
         scope.api::<Compact<ConfigMap>>(client.clone()),
         children.clone(),
     );
     let (services, service_events) =
-        controller::cached(scope.api::<Compact<Service>>(client.clone()), children);
+        cache::cached(scope.api::<Compact<Service>>(client.clone()), children);
 
     let (parents_tx, parents_rx) = mpsc::unbounded_channel();
-    let (clusters, cluster_events) = controller::cached_observing(
+    let (clusters, cluster_events) = cache::cached_observing(
         scope.api::<CdnCluster>(client.clone()),
         watcher::Config::default(),
         move |event, cache: &Store<CdnCluster>| {
@@ -124,7 +126,7 @@ pub fn controller(
         services,
         backoff: Backoff::default(),
         ready,
-        writes_visible_within: controller::WRITES_VISIBLE_WITHIN,
+        writes_visible_within: cache::WRITES_VISIBLE_WITHIN,
     });
     (context, controller)
 }
@@ -179,7 +181,7 @@ pub async fn reconcile(cluster: Arc<CdnCluster>, ctx: Arc<Context>) -> Result<Ac
     };
     let refusal = match &applied {
         Some(Err(Error::ApplyChild { kind, name, source })) => {
-            let (code, message) = controller::refusal(source);
+            let (code, message) = reconcile::refusal(source);
             let child = ObjectReference {
                 kind: Some(kind.clone()),
                 name: Some(name.clone()),
@@ -214,7 +216,7 @@ pub async fn reconcile(cluster: Arc<CdnCluster>, ctx: Arc<Context>) -> Result<Ac
             applied.resource_version(),
         ),
         Ok(None) => {}
-        Err(error) if controller::is_not_found(&error) => {
+        Err(error) if reconcile::is_not_found(&error) => {
             // Deleted while queued: its children go with it by garbage collection.
             tracing::debug!(%namespace, %name, "deleted before its status was written");
             return Ok(Action::await_change());
@@ -228,13 +230,13 @@ pub async fn reconcile(cluster: Arc<CdnCluster>, ctx: Arc<Context>) -> Result<Ac
     if let Some(Err(error)) = applied {
         return Err(error);
     }
-    ctx.backoff.succeeded(&controller::key(cluster.as_ref()));
+    ctx.backoff.succeeded(&reconcile::key(cluster.as_ref()));
     Ok(Action::await_change())
 }
 
 /// Retries a failed reconcile with exponential backoff per object.
 pub fn error_policy(cluster: Arc<CdnCluster>, error: &Error, ctx: Arc<Context>) -> Action {
-    ctx.backoff.retry(&controller::key(cluster.as_ref()), error)
+    ctx.backoff.retry(&reconcile::key(cluster.as_ref()), error)
 }
 
 /// What a reconcile wrote: the children it changed (for the Events), and, for each write, the
@@ -260,8 +262,7 @@ impl Written {
     {
         let (store, within) = (store.clone(), ctx.writes_visible_within);
         self.visible.push(
-            async move { controller::until_visible(&store, &key, before, after, within).await }
-                .boxed(),
+            async move { cache::until_visible(&store, &key, before, after, within).await }.boxed(),
         );
     }
 

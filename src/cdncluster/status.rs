@@ -4,7 +4,7 @@ use super::sources::Problem;
 use crate::api::{CdnCluster, CdnClusterStatus, State};
 pub use crate::apply::Change;
 use crate::conditions::{set_condition, ConditionStatus};
-pub use crate::controller::Notice;
+pub use crate::events::Notice;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;

@@ -1,6 +1,6 @@
 //! The flags and environment of `cdn-operator run`.
 
-use crate::controller::Scope;
+use crate::cache::Scope;
 use crate::runtime::leader;
 use crate::runtime::logs::{self, LogFormat};
 use crate::runtime::parse_duration;

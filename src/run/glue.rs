@@ -1,6 +1,6 @@
 //! What wires each controller to the runtime: metrics, probes, leadership, shutdown.
 
-use crate::controller::Leadership;
+use crate::reconcile::Leadership;
 use crate::runtime::http::Health;
 use crate::runtime::instrument::Reconciles;
 use crate::runtime::metrics::Metrics;

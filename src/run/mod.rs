@@ -9,7 +9,8 @@ mod glue;
 pub use args::Args;
 pub use gauges::{register_at_gauges, register_cdncluster_gauges};
 
-use crate::controller::{Events, Leadership};
+use crate::events::Events;
+use crate::reconcile::Leadership;
 use crate::runtime::http::{self, Health};
 use crate::runtime::leader::Elector;
 use crate::runtime::metrics::Metrics;

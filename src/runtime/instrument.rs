@@ -3,7 +3,7 @@
 
 use super::metrics::{ControllerMetrics, Outcome};
 use super::telemetry;
-use crate::controller::Leadership;
+use crate::reconcile::Leadership;
 use futures::future::BoxFuture;
 use futures::FutureExt;
 use kube::runtime::controller::Action;

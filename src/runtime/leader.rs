@@ -5,7 +5,7 @@
 //!
 //! The election drives a [`Leadership`]: the controllers reconcile only while it says so.
 
-use crate::controller::Leadership;
+use crate::reconcile::Leadership;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube_leader_election::{LeaseLock, LeaseLockParams, LeaseLockResult};
 use prometheus_client::metrics::gauge::Gauge;

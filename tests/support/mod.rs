@@ -7,8 +7,10 @@
 #![allow(dead_code)]
 
 use cdn_operator::api::CdnCluster;
+use cdn_operator::cache::CachesReady;
 use cdn_operator::cdncluster::Context;
-use cdn_operator::controller::{Backoff, CachesReady, Events};
+use cdn_operator::events::Events;
+use cdn_operator::reconcile::Backoff;
 use http_body_util::BodyExt;
 use kube::api::{Api, ListParams};
 use kube::runtime::reflector::{self, Store};

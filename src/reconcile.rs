@@ -1,0 +1,136 @@
+//! What every reconcile shares: errors by step, backoff, and the leadership gate. Domain-free.
+
+use futures::Stream;
+use kube::runtime::controller::Action;
+use kube::{Resource, ResourceExt};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// Errors of a reconcile, by the step that failed. Each retries with backoff.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("could not apply {kind} {name}: {}", describe(source))]
+    ApplyChild {
+        kind: String,
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("could not write the status: {}", describe(.0))]
+    WriteStatus(#[source] kube::Error),
+    #[error("could not read the object afresh before writing: {}", describe(.0))]
+    ReadFresh(#[source] kube::Error),
+    #[error("could not release the finalizer of Pod {pod}: {}", describe(source))]
+    ReleaseFinalizer {
+        pod: String,
+        #[source]
+        source: kube::Error,
+    },
+}
+
+/// A failed request in one line: the server's message and code, or the client's error.
+fn describe(error: &kube::Error) -> String {
+    match error {
+        kube::Error::Api(status) => {
+            format!("{} ({} {})", status.message, status.code, status.reason)
+        }
+        other => other.to_string(),
+    }
+}
+
+/// Whether the API server answered that the object does not exist (any more).
+pub fn is_not_found(error: &kube::Error) -> bool {
+    matches!(error, kube::Error::Api(status) if status.code == 404)
+}
+
+/// The HTTP status code and message of a failed request, as the API server gave them.
+pub fn refusal(error: &kube::Error) -> (Option<u16>, String) {
+    match error {
+        kube::Error::Api(status) => (Some(status.code), status.message.clone()),
+        other => (None, other.to_string()),
+    }
+}
+
+/// Exponential backoff per object, reset by a success: 1 s, 2 s, 4 s ... up to 5 minutes.
+#[derive(Default)]
+pub struct Backoff {
+    failures: Mutex<HashMap<String, u32>>,
+}
+
+impl Backoff {
+    pub const MAX: Duration = Duration::from_secs(300);
+
+    /// Records a failure of `key` and returns how long to wait before the next try.
+    pub fn failed(&self, key: &str) -> Duration {
+        let mut failures = self.failures.lock().expect("backoff lock");
+        let n = failures.entry(key.to_string()).or_insert(0);
+        let delay = Duration::from_secs(1u64 << (*n).min(9)).min(Self::MAX);
+        *n = n.saturating_add(1);
+        delay
+    }
+
+    pub fn succeeded(&self, key: &str) {
+        self.failures.lock().expect("backoff lock").remove(key);
+    }
+
+    /// The error policy of every controller: logs what failed and retries `key` after its
+    /// backoff.
+    pub fn retry(&self, key: &str, error: &Error) -> Action {
+        let delay = self.failed(key);
+        tracing::warn!(%key, %error, retry_in = ?delay, "reconcile failed");
+        Action::requeue(delay)
+    }
+}
+
+/// The key of an object in logs and backoff.
+pub fn key<K: Resource>(obj: &K) -> String {
+    format!("{}/{}", obj.namespace().unwrap_or_default(), obj.name_any())
+}
+
+/// Whether this replica may write. Standby replicas keep their caches warm and reconcile nothing:
+/// the runtime calls no reconcile on them (`runtime::instrument::Reconciles`), and each acquisition
+/// of leadership triggers a full reconcile (`acquired`, given to each controller).
+#[derive(Clone)]
+pub struct Leadership {
+    tx: Arc<watch::Sender<bool>>,
+}
+
+impl Leadership {
+    /// Starts as a standby until `set(true)`.
+    pub fn standby() -> Self {
+        Leadership {
+            tx: Arc::new(watch::Sender::new(false)),
+        }
+    }
+
+    /// Always the leader: no election (local runs, tests).
+    pub fn always() -> Self {
+        Leadership {
+            tx: Arc::new(watch::Sender::new(true)),
+        }
+    }
+
+    pub fn set(&self, leader: bool) {
+        self.tx.send_replace(leader);
+    }
+
+    pub fn is_leader(&self) -> bool {
+        *self.tx.borrow()
+    }
+
+    /// Yields once each time leadership is acquired after this call.
+    pub fn acquired(&self) -> impl Stream<Item = ()> + Send + 'static {
+        let mut rx = self.tx.subscribe();
+        rx.mark_unchanged();
+        futures::stream::unfold(rx, |mut rx| async move {
+            loop {
+                rx.changed().await.ok()?;
+                if *rx.borrow_and_update() {
+                    return Some(((), rx));
+                }
+            }
+        })
+    }
+}
