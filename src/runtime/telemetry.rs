@@ -32,6 +32,11 @@ impl Otlp {
     /// is) or `OTEL_EXPORTER_OTLP_ENDPOINT` (+ `/v1/traces`), `OTEL_EXPORTER_OTLP_[TRACES_]PROTOCOL`
     /// (only `http/protobuf`), `OTEL_EXPORTER_OTLP_[TRACES_]TIMEOUT` (ms), `OTEL_SERVICE_NAME`,
     /// `OTEL_SDK_DISABLED` and `OTEL_TRACES_EXPORTER=none`. `None` when no endpoint is set.
+    ///
+    /// Why not leave these to opentelemetry-otlp, which reads them too: its resolution is private
+    /// (0.33's `resolve_http_endpoint`), and the operator needs the result before building the
+    /// exporter: whether tracing is on at all (the exporter would default to localhost), a bad
+    /// URL or protocol as one line at start, the transport's timeout and the CA file.
     pub fn from_env(var: impl Fn(&str) -> Option<String>) -> Result<Option<Otlp>, String> {
         let var = |name: &str| {
             var(name)
