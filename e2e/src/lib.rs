@@ -311,7 +311,12 @@ impl Operator {
 
     /// Resident memory of the process (VmRSS), in kibibytes.
     pub fn rss_kib(&self) -> Option<u64> {
-        rss_kib(self.child.id())
+        Usage::of(self.child.id()).map(|u| u.rss_kib)
+    }
+
+    /// The process's memory and CPU so far.
+    pub fn usage(&self) -> Option<Usage> {
+        Usage::of(self.child.id())
     }
 }
 
@@ -325,13 +330,28 @@ impl Drop for Operator {
 }
 
 /// VmRSS of a process, in kibibytes.
-pub fn rss_kib(pid: u32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
+/// What a process used so far, from /proc (with the procfs crate).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Usage {
+    /// VmRSS: resident memory now.
+    pub rss_kib: u64,
+    /// VmHWM: the peak of resident memory.
+    pub peak_rss_kib: u64,
+    /// User and system CPU time.
+    pub cpu_seconds: f64,
+}
+
+impl Usage {
+    pub fn of(pid: u32) -> Option<Usage> {
+        let process = procfs::process::Process::new(i32::try_from(pid).ok()?).ok()?;
+        let status = process.status().ok()?;
+        let stat = process.stat().ok()?;
+        Some(Usage {
+            rss_kib: status.vmrss?,
+            peak_rss_kib: status.vmhwm?,
+            cpu_seconds: (stat.utime + stat.stime) as f64 / procfs::ticks_per_second() as f64,
+        })
+    }
 }
 
 /// Sums the samples of `name` (exact metric name) whose label set contains `labels`. `None` when

@@ -10,7 +10,8 @@
 //! - writes during the steady state: the proxy's write count, and the resourceVersion changes of
 //!   the CdnClusters and children seen by watches (target 0);
 //! - latency from a spec change to the child updated (the ConfigMap, seen by a watch): p50, p99;
-//! - the operator's VmRSS at the end;
+//! - the operator's VmRSS after the steady state and at the end, its peak (VmHWM), and its CPU
+//!   seconds in each phase (convergence, steady state, spec changes); the time per 1,000;
 //! - the bare-client baseline: the same server-side applies (children and status, through the
 //!   operator's own apply path and the same proxy and concurrency) from one client; the ratio.
 
@@ -270,6 +271,7 @@ async fn main() -> ExitCode {
         )
     };
     let reconciles_before = reconciles(&operator);
+    let at_start = operator.usage();
 
     let children = watcher::Config::default().labels("app.kubernetes.io/managed-by=cdn-operator");
     let clusters_store = store(
@@ -337,6 +339,7 @@ async fn main() -> ExitCode {
     // Events follow the status write of each reconcile: count them too.
     settle(&proxy, Duration::from_secs(5), Duration::from_secs(120)).await;
     let convergence = proxy.counts().since(&startup);
+    let at_converged = operator.usage();
     let reconciled = match (reconciles_before, reconciles(&operator)) {
         (Some(a), Some(b)) => Some(b - a),
         _ => None,
@@ -372,6 +375,7 @@ async fn main() -> ExitCode {
     ];
     tokio::time::sleep(Duration::from_secs(args.steady_seconds)).await;
     let steady = proxy.counts().since(&steady_start);
+    let at_steady = operator.usage();
     let steady_rv_changes = cluster_changes.load(Ordering::Relaxed)
         + child_changes
             .iter()
@@ -415,7 +419,24 @@ async fn main() -> ExitCode {
         }
     }
     latencies.sort_by(|a, b| a.total_cmp(b));
-    let rss = operator.rss_kib();
+    let at_end = operator.usage();
+    let rss = at_end.map(|u| u.rss_kib);
+    let cpu = |from: Option<cdn_operator_e2e::Usage>, to: Option<cdn_operator_e2e::Usage>| {
+        Some(to?.cpu_seconds - from?.cpu_seconds)
+    };
+    let mib = |k: Option<u64>| {
+        k.map(|k| format!("{:.1} MiB", k as f64 / 1024.0))
+            .unwrap_or_else(|| "n/a".into())
+    };
+    let seconds = |s: Option<f64>| {
+        s.map(|s| format!("{s:.2} s"))
+            .unwrap_or_else(|| "n/a".into())
+    };
+    let (cpu_converge, cpu_steady, cpu_changes) = (
+        cpu(at_start, at_converged),
+        cpu(at_converged, at_steady),
+        cpu(at_steady, at_end),
+    );
     operator.terminate();
     let exit = operator.wait_exit(Duration::from_secs(30)).await;
     drop(operator);
@@ -547,10 +568,21 @@ async fn main() -> ExitCode {
         percentile(&latencies, 99.0)
     );
     println!(
-        "| operator VmRSS at the end | {} |",
-        rss.map(|k| format!("{:.1} MiB", k as f64 / 1024.0))
-            .unwrap_or_else(|| "n/a".into())
+        "| time per 1,000 CdnClusters (every status written) | {:.2} s |",
+        secs(converged) * 1000.0 / n as f64
     );
+    println!("| operator CPU: convergence | {} |", seconds(cpu_converge));
+    println!("| operator CPU: steady state | {} |", seconds(cpu_steady));
+    println!("| operator CPU: spec changes | {} |", seconds(cpu_changes));
+    println!(
+        "| operator VmRSS after the steady state | {} |",
+        mib(at_steady.map(|u| u.rss_kib))
+    );
+    println!(
+        "| operator peak VmRSS (VmHWM) | {} |",
+        mib(at_end.map(|u| u.peak_rss_kib))
+    );
+    println!("| operator VmRSS at the end | {} |", mib(rss));
     println!(
         "| baseline: same applies from one client | {:.2} s, {} writes |",
         secs(baseline_time),
@@ -582,6 +614,10 @@ async fn main() -> ExitCode {
         "steady_resource_version_changes": steady_rv_changes,
         "spec_change_latency_ms": {"samples": latencies.len(), "p50": percentile(&latencies, 50.0), "p99": percentile(&latencies, 99.0)},
         "operator_rss_kib": rss,
+        "operator_steady_rss_kib": at_steady.map(|u| u.rss_kib),
+        "operator_peak_rss_kib": at_end.map(|u| u.peak_rss_kib),
+        "operator_cpu_seconds": {"convergence": cpu_converge, "steady": cpu_steady, "spec_changes": cpu_changes},
+        "seconds_per_1000": secs(converged) * 1000.0 / n as f64,
         "operator_exit": exit.map(|s| s.to_string()),
         "baseline_s": secs(baseline_time), "baseline_requests": baseline.0,
         "ratio_operator_to_baseline_time": secs(converged) / secs(baseline_time),
