@@ -43,7 +43,11 @@ pub fn change<K>(desired: &mut K, observed: Option<&Compact<K>>) -> Option<Chang
 where
     K: Resource + Serialize,
 {
-    let hash = hash(&to_value(&*desired));
+    // Serialized once: the hash is of the object without its annotation, which is then added
+    // to both the object and its JSON form for the ownership check.
+    let mut value = to_value(&*desired);
+    let hash = hash(&value);
+    value["metadata"]["annotations"][APPLIED_HASH_ANNOTATION] = Value::String(hash.clone());
     desired
         .annotations_mut()
         .insert(APPLIED_HASH_ANNOTATION.to_string(), hash.clone());
@@ -54,7 +58,7 @@ where
         return Some(Change::Updated);
     }
     let owned = observed.owned.as_ref();
-    if owned.is_some_and(|owned| owned.covers(&to_value(&*desired))) {
+    if owned.is_some_and(|owned| owned.covers(&value)) {
         None
     } else {
         Some(Change::Restored)

@@ -21,11 +21,14 @@ pub struct Owned {
 
 const ROOT: u64 = 0;
 
-fn step(parent: u64, element: &str) -> u64 {
+/// The path `parent` extended by one element, `prefix` (`f:`, `k:`, `v:`) then `name`: hashed in
+/// two parts so a field name needs no new string.
+fn step(parent: u64, prefix: &str, name: &str) -> u64 {
     // SipHash with fixed keys: the same path hashes alike on both sides of a comparison.
     let mut hasher = DefaultHasher::new();
     parent.hash(&mut hasher);
-    element.hash(&mut hasher);
+    prefix.hash(&mut hasher);
+    name.hash(&mut hasher);
     hasher.finish()
 }
 
@@ -35,10 +38,12 @@ impl Owned {
         fn walk(tree: &Map<String, Value>, path: u64, nodes: &mut Vec<u64>, leaves: &mut Vec<u64>) {
             for (element, child) in tree {
                 // "." marks the list element or map itself; its fields are listed beside it.
-                if element == "." {
+                // Every other element is a two-character prefix and a name (`f:spec`).
+                if element == "." || element.len() < 2 || !element.is_char_boundary(2) {
                     continue;
                 }
-                let here = step(path, element);
+                let (prefix, name) = element.split_at(2);
+                let here = step(path, prefix, name);
                 nodes.push(here);
                 match child.as_object() {
                     Some(sub) if sub.keys().any(|k| k != ".") => walk(sub, here, nodes, leaves),
@@ -68,12 +73,12 @@ impl Owned {
         map.iter().all(|(key, value)| match (key.as_str(), value) {
             ("apiVersion" | "kind" | "status", _) => true,
             ("metadata", Value::Object(meta)) => {
-                let metadata = step(ROOT, "f:metadata");
+                let metadata = step(ROOT, "f:", "metadata");
                 meta.iter()
                     .filter(|(k, _)| !SERVER_METADATA.contains(&k.as_str()))
-                    .all(|(k, v)| self.covers_value(step(metadata, &format!("f:{k}")), k, v))
+                    .all(|(k, v)| self.covers_value(step(metadata, "f:", k), k, v))
             }
-            _ => self.covers_value(step(ROOT, &format!("f:{key}")), key, value),
+            _ => self.covers_value(step(ROOT, "f:", key), key, value),
         })
     }
 
@@ -96,15 +101,15 @@ impl Owned {
         match value {
             Value::Object(map) if !map.is_empty() => map
                 .iter()
-                .all(|(k, v)| self.covers_value(step(here, &format!("f:{k}")), k, v)),
+                .all(|(k, v)| self.covers_value(step(here, "f:", k), k, v)),
             Value::Array(items) if !items.is_empty() => match list_type(name, &items[0]) {
                 ListType::Map(keys) => items.iter().all(|item| {
-                    let element = step(here, &element_key(keys, item));
+                    let element = step(here, "k:", &element_key(keys, item));
                     self.covers_value(element, "", item)
                 }),
                 ListType::Set => items
                     .iter()
-                    .all(|item| self.has(step(here, &format!("v:{item}")))),
+                    .all(|item| self.has(step(here, "v:", &item.to_string()))),
                 // Owned as a whole: its presence above is all there is.
                 ListType::Atomic => true,
             },
@@ -164,13 +169,14 @@ fn list_type(name: &str, first: &Value) -> ListType {
     }
 }
 
-/// The path element of one associative list element: `k:{"name":"nginx"}`, keys in order.
+/// The name of one associative list element's path element (after `k:`): its keys as JSON,
+/// in order, as `{"name":"nginx"}`.
 fn element_key(keys: &[&str], item: &Value) -> String {
     let key: Map<String, Value> = keys
         .iter()
         .filter_map(|k| Some((k.to_string(), item.get(*k)?.clone())))
         .collect();
-    format!("k:{}", Value::Object(key))
+    Value::Object(key).to_string()
 }
 
 #[cfg(test)]
