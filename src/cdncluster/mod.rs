@@ -16,7 +16,7 @@ use build::{Children, MANAGED_BY, MANAGED_BY_LABEL};
 use futures::future::BoxFuture;
 use futures::FutureExt;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::Api;
 use kube::runtime::controller::{Action, Config, Controller};
@@ -168,39 +168,29 @@ pub async fn reconcile(cluster: Arc<CdnCluster>, ctx: Arc<Context>) -> Result<Ac
     let lookup = |source: &str| ctx.clusters.get(&ObjectRef::new(source).within(&namespace));
 
     let resolved = sources::resolve(&cluster, lookup);
-    let mut written = Written::default();
-    let applied = match &resolved {
+    let mut written = Written::new(ctx.writes_visible_within);
+    // What the status is made from; a refused child fails the reconcile once the status says so.
+    let (deployment, refusal, failed);
+    let observed = match &resolved {
         Err(problem) => {
             tracing::info!(%namespace, %name, ?problem, "not deploying");
-            None
+            failed = None;
+            Observed::Problem(problem)
         }
         Ok(upstreams) => {
             let children = build::children(&cluster, upstreams);
-            Some(apply_children(&ctx, &namespace, children, &mut written).await)
+            match apply_children(&ctx, &namespace, children, &mut written).await {
+                Ok(last_known) => {
+                    (deployment, failed) = (last_known, None);
+                    Observed::Deployed(deployment.as_ref())
+                }
+                Err(error) => {
+                    refusal = status::Refusal::of(&error, &namespace);
+                    failed = Some(error);
+                    Observed::Refused(&refusal)
+                }
+            }
         }
-    };
-    let refusal = match &applied {
-        Some(Err(Error::ApplyChild { kind, name, source })) => {
-            let (code, message) = reconcile::refusal(source);
-            let child = ObjectReference {
-                kind: Some(kind.clone()),
-                name: Some(name.clone()),
-                namespace: Some(namespace.clone()),
-                ..ObjectReference::default()
-            };
-            Some(status::Refusal {
-                child,
-                code,
-                message,
-            })
-        }
-        _ => None,
-    };
-    let observed = match (&resolved, &applied, &refusal) {
-        (Err(problem), _, _) => Observed::Problem(problem),
-        (_, _, Some(refusal)) => Observed::Refused(refusal),
-        (_, Some(Ok(deployment)), _) => Observed::Deployed(deployment.as_ref()),
-        (Ok(_), None, None) | (Ok(_), Some(Err(_)), None) => unreachable!("applied when resolved"),
     };
     let status = status::desired(&cluster, observed, &now);
     let notices = status::notices(&cluster, &status, &observed, &written.changes);
@@ -209,7 +199,6 @@ pub async fn reconcile(cluster: Arc<CdnCluster>, ctx: Arc<Context>) -> Result<Ac
     let before = cluster.resource_version();
     match apply::apply_status(&api, cluster.as_ref(), cluster.status.as_ref(), &status).await {
         Ok(Some(applied)) => written.wrote(
-            &ctx,
             &ctx.clusters,
             ObjectRef::from_obj(cluster.as_ref()),
             before,
@@ -227,7 +216,7 @@ pub async fn reconcile(cluster: Arc<CdnCluster>, ctx: Arc<Context>) -> Result<Ac
         ctx.events.publish(cluster.as_ref(), notice).await;
     }
     written.until_visible().await;
-    if let Some(Err(error)) = applied {
+    if let Some(error) = failed {
         return Err(error);
     }
     ctx.backoff.succeeded(&reconcile::key(cluster.as_ref()));
@@ -240,18 +229,25 @@ pub fn error_policy(cluster: Arc<CdnCluster>, error: &Error, ctx: Arc<Context>) 
 }
 
 /// What a reconcile wrote: the children it changed (for the Events), and, for each write, the
-/// wait until the caches show it (futures do nothing until awaited).
-#[derive(Default)]
+/// wait (at most `within`) until the caches show it (futures do nothing until awaited).
 struct Written {
     changes: Vec<ChildChange>,
     visible: Vec<BoxFuture<'static, ()>>,
+    within: Duration,
 }
 
 impl Written {
+    fn new(within: Duration) -> Self {
+        Written {
+            changes: Vec::new(),
+            visible: Vec::new(),
+            within,
+        }
+    }
+
     /// Notes a write of `key`, cached in `store` at version `before`, answered with `after`.
     fn wrote<K>(
         &mut self,
-        ctx: &Context,
         store: &Store<K>,
         key: ObjectRef<K>,
         before: Option<String>,
@@ -260,7 +256,7 @@ impl Written {
         K: Resource + Clone + Send + Sync + 'static,
         K::DynamicType: Eq + Hash + Clone + Send + Sync,
     {
-        let (store, within) = (store.clone(), ctx.writes_visible_within);
+        let (store, within) = (store.clone(), self.within);
         self.visible.push(
             async move { cache::until_visible(&store, &key, before, after, within).await }.boxed(),
         );
@@ -312,7 +308,8 @@ where
 {
     let name = desired.name_any();
     let kind = K::kind(&());
-    let observed = cache.get(&ObjectRef::new(&name).within(namespace));
+    let key = ObjectRef::new(&name).within(namespace);
+    let observed = cache.get(&key);
     let api: Api<K> = Api::namespaced(ctx.client.clone(), namespace);
     let applied = apply::apply(&api, desired, observed.as_deref())
         .await
@@ -329,8 +326,7 @@ where
         change,
     });
     let before = observed.as_ref().and_then(|o| o.resource_version());
-    let key = ObjectRef::new(&name).within(namespace);
-    written.wrote(ctx, cache, key, before, applied.resource_version());
+    written.wrote(cache, key, before, applied.resource_version());
     Ok((observed, Some(applied)))
 }
 

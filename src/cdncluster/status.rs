@@ -5,6 +5,7 @@ use crate::api::{CdnCluster, CdnClusterStatus, State};
 pub use crate::apply::Change;
 use crate::conditions::{set_condition, ConditionStatus};
 pub use crate::events::Notice;
+use crate::reconcile::Error;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -38,6 +39,28 @@ pub struct Refusal {
 }
 
 impl Refusal {
+    /// The refusal `error` tells of, in `namespace`: the child it names, the server's words.
+    pub fn of(error: &Error, namespace: &str) -> Refusal {
+        let (kind, name, source) = match error {
+            Error::ApplyChild { kind, name, source } => (Some(kind), Some(name), Some(source)),
+            _ => (None, None, None),
+        };
+        let (code, message) = match source {
+            Some(source) => crate::reconcile::refusal(source),
+            None => (None, error.to_string()),
+        };
+        Refusal {
+            child: ObjectReference {
+                kind: kind.cloned(),
+                name: name.cloned(),
+                namespace: Some(namespace.to_string()),
+                ..ObjectReference::default()
+            },
+            code,
+            message,
+        }
+    }
+
     /// Whether retrying cannot help until something else changes (the request itself was
     /// refused: 4xx), rather than a conflict, a rate limit or a server or network failure.
     pub fn is_stalled(&self) -> bool {
