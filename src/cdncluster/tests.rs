@@ -469,14 +469,19 @@ fn invalid_and_running_transitions_emit_one_event_each() {
     assert_eq!(n.iter().map(|n| n.reason).collect::<Vec<_>>(), ["Running"]);
 }
 
+/// A reference to the child `kind` `name` of namespace `ns`.
+fn child_ref(kind: &str, name: &str) -> ObjectReference {
+    ObjectReference {
+        kind: Some(kind.into()),
+        name: Some(name.into()),
+        namespace: Some("ns".into()),
+        ..ObjectReference::default()
+    }
+}
+
 fn refusal(kind: &str, name: &str, code: Option<u16>, message: &str) -> status::Refusal {
     status::Refusal {
-        child: ObjectReference {
-            kind: Some(kind.into()),
-            name: Some(name.into()),
-            namespace: Some("ns".into()),
-            ..ObjectReference::default()
-        },
+        child: child_ref(kind, name),
         code,
         message: message.into(),
     }
@@ -550,11 +555,7 @@ fn a_refused_child_is_reported_once_per_message_naming_the_child() {
 fn each_child_change_is_one_event() {
     let mut c = cluster("c", Role::Cache, vec![]);
     let child = |kind: &str, name: &str, change| status::ChildChange {
-        child: ObjectReference {
-            kind: Some(kind.into()),
-            name: Some(name.into()),
-            ..ObjectReference::default()
-        },
+        child: child_ref(kind, name),
         change,
     };
     let created = [
