@@ -72,9 +72,12 @@ impl Reconciles {
         let future = reconcile(obj, ctx);
         let inner = span.clone();
         async move {
-            let _worker = metrics.worker();
+            let worker = metrics.worker();
             let start = Instant::now();
             let result = future.await;
+            // Free the worker before counting: a scrape that sees the reconcile counted must
+            // not still see it active.
+            drop(worker);
             let outcome = outcome(&result);
             metrics.observe(outcome, start.elapsed().as_secs_f64());
             inner.record("result", outcome.as_str());
