@@ -1,12 +1,56 @@
-//! What every reconcile shares: errors by step, backoff, and the leadership gate. Domain-free.
+//! What every controller shares: the common part of its context, errors by step, backoff, the
+//! error policy, and the leadership gate. Domain-free.
 
+use crate::cache::CachesReady;
+use crate::events::Events;
 use futures::Stream;
 use kube::runtime::controller::Action;
-use kube::{Resource, ResourceExt};
+use kube::{Client, Resource, ResourceExt};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::watch;
+
+/// The part of every controller's context that is not its caches.
+pub struct Shared {
+    pub client: Client,
+    pub events: Events,
+    pub backoff: Backoff,
+    /// Open once every cache of the controller has listed: before that, an object missing from
+    /// a cache may exist, and acting on its absence would announce what did not happen.
+    pub ready: CachesReady,
+}
+
+impl Shared {
+    pub fn new(client: Client, events: Events, ready: CachesReady) -> Self {
+        Shared {
+            client,
+            events,
+            backoff: Backoff::default(),
+            ready,
+        }
+    }
+
+    /// A reconcile of `obj` succeeded: its next failure backs off from the start again.
+    pub fn succeeded<K: Resource<DynamicType = ()>>(&self, obj: &K) {
+        self.backoff.succeeded(&key(obj));
+    }
+}
+
+/// A controller's context: its caches around the [`Shared`] part.
+pub trait Context: Send + Sync + 'static {
+    fn shared(&self) -> &Shared;
+}
+
+/// The error policy of every controller: logs what failed and retries the object after its
+/// backoff.
+pub fn error_policy<K, C>(obj: Arc<K>, error: &Error, ctx: Arc<C>) -> Action
+where
+    K: Resource<DynamicType = ()>,
+    C: Context,
+{
+    ctx.shared().backoff.retry(&key(obj.as_ref()), error)
+}
 
 /// Errors of a reconcile, by the step that failed. Each retries with backoff.
 #[derive(Debug, thiserror::Error)]
@@ -75,8 +119,7 @@ impl Backoff {
         self.failures.lock().expect("backoff lock").remove(key);
     }
 
-    /// The error policy of every controller: logs what failed and retries `key` after its
-    /// backoff.
+    /// Records a failure of `key`, logs it, and retries after its backoff.
     pub fn retry(&self, key: &str, error: &Error) -> Action {
         let delay = self.failed(key);
         tracing::warn!(%key, %error, retry_in = ?delay, "reconcile failed");
@@ -84,9 +127,15 @@ impl Backoff {
     }
 }
 
-/// The key of an object in logs and backoff.
-pub fn key<K: Resource>(obj: &K) -> String {
-    format!("{}/{}", obj.namespace().unwrap_or_default(), obj.name_any())
+/// The key of an object in logs and backoff: its kind too, as a controller's objects of two
+/// kinds may share a name (an At named `x-pod` and the pod of the At `x`).
+pub fn key<K: Resource<DynamicType = ()>>(obj: &K) -> String {
+    format!(
+        "{} {}/{}",
+        K::kind(&()),
+        obj.namespace().unwrap_or_default(),
+        obj.name_any()
+    )
 }
 
 /// Whether this replica may write. Standby replicas keep their caches warm and reconcile nothing:

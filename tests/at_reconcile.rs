@@ -9,7 +9,7 @@ use cdn_operator::api::{At, AtSpec, Outcome, Phase};
 use cdn_operator::at::{self, build, status, Clock, Context};
 use cdn_operator::cache::CachesReady;
 use cdn_operator::events::Events;
-use cdn_operator::reconcile::Backoff;
+use cdn_operator::reconcile::{self, Shared};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -168,12 +168,13 @@ impl Harness {
         let (pod_store, pods) = reflector::store();
         let clock = Arc::new(TestClock(Mutex::new(NOW.parse().unwrap())));
         let ctx = Arc::new(Context {
-            client: client.clone(),
-            events: Events::new(client.clone(), None),
+            shared: Shared::new(
+                client.clone(),
+                Events::new(client.clone(), None),
+                CachesReady::already(),
+            ),
             ats: at_store,
             pods: pod_store,
-            backoff: Backoff::default(),
-            ready: CachesReady::already(),
             clock: clock.clone(),
         });
         let mut harness = Harness {
@@ -554,7 +555,7 @@ async fn a_failed_release_keeps_its_event_and_is_retried_with_backoff() {
         "the error names the step and the pod: {error}"
     );
     assert_eq!(
-        at::error_policy(h.cached("retry"), &error, h.ctx.clone()),
+        reconcile::error_policy(h.cached("retry"), &error, h.ctx.clone()),
         Action::requeue(Duration::from_secs(1))
     );
     // DONE was written and told, the pod is still held.

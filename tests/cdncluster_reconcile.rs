@@ -7,7 +7,7 @@
 use cdn_operator::api::{CdnCluster, CdnClusterSpec, Role, Source, State};
 use cdn_operator::cdncluster::{self, build, Context};
 use cdn_operator::events::Events;
-use cdn_operator::reconcile::Leadership;
+use cdn_operator::reconcile::{self, Leadership};
 use cdn_operator::runtime::instrument::Reconciles;
 use cdn_operator::runtime::metrics::Metrics;
 use k8s_openapi::api::apps::v1::Deployment;
@@ -600,7 +600,7 @@ async fn api_errors_retry_with_backoff() {
         "the error names the step and the child"
     );
     let delays: Vec<Action> = (0..3)
-        .map(|_| cdncluster::error_policy(obj.clone(), &error, ctx.clone()))
+        .map(|_| reconcile::error_policy(obj.clone(), &error, ctx.clone()))
         .collect();
     assert_eq!(
         delays,
@@ -612,7 +612,7 @@ async fn api_errors_retry_with_backoff() {
         .await
         .unwrap();
     assert_eq!(
-        cdncluster::error_policy(obj, &error, ctx),
+        reconcile::error_policy(obj, &error, ctx),
         Action::requeue(std::time::Duration::from_secs(1))
     );
 }
@@ -708,7 +708,7 @@ async fn a_cluster_deleted_while_queued_ends_quietly() {
         .expect("no error: nothing is left to do");
     assert_eq!(action, Action::await_change(), "and no retry");
     assert_eq!(
-        cdncluster::error_policy(
+        reconcile::error_policy(
             stale,
             &cdn_operator::reconcile::Error::WriteStatus(
                 kube::Error::LinesCodecMaxLineLengthExceeded

@@ -28,7 +28,7 @@ use crate::api::At;
 use crate::apply;
 use crate::cache::{self, CachesReady, Scope};
 use crate::events::Events;
-use crate::reconcile::{self, Backoff, Error, Leadership};
+use crate::reconcile::{self, Error, Leadership, Shared};
 use futures::StreamExt;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
@@ -61,26 +61,22 @@ impl Clock for SystemClock {
     }
 }
 
-/// Caches and clients of the At controller and its janitor.
+/// Caches of the At controller and its janitor.
 pub struct Context {
-    pub client: Client,
-    pub events: Events,
+    pub shared: Shared,
     pub ats: Store<At>,
     /// The pods of Ats (selected by [`build::selector`]).
     pub pods: Store<Pod>,
-    pub backoff: Backoff,
     pub clock: Arc<dyn Clock>,
-    /// Open once both caches have listed.
-    pub ready: CachesReady,
+}
+
+impl reconcile::Context for Context {
+    fn shared(&self) -> &Shared {
+        &self.shared
+    }
 }
 
 impl Context {
-    /// Waits until both caches have listed their objects once: a pod missing from a cache that
-    /// is not ready yet is not a pod that does not exist.
-    pub async fn wait_until_ready(&self) {
-        self.ready.wait().await
-    }
-
     fn pod_of(&self, at: &At) -> Option<Arc<Pod>> {
         let namespace = at.namespace().unwrap_or_default();
         self.pods
@@ -89,8 +85,8 @@ impl Context {
 }
 
 /// Builds the At controller, watching Ats and their pods, and the janitor that releases the
-/// finalizer of pods whose At is gone. Run both (see `crate::run`), with [`reconcile`] /
-/// [`error_policy`] and [`release_orphan`] / [`orphan_error_policy`], on the same context.
+/// finalizer of pods whose At is gone. Run both (see `crate::run`), with [`reconcile`] and
+/// [`release_orphan`], on the same context.
 pub fn controller(
     client: Client,
     scope: &Scope,
@@ -138,13 +134,10 @@ pub fn controller(
 
     let ready = CachesReady::of(vec![Box::new(ats.clone()), Box::new(pods.clone())]);
     let context = Arc::new(Context {
-        client,
-        events,
+        shared: Shared::new(client, events, ready),
         ats,
         pods,
-        backoff: Backoff::default(),
         clock: Arc::new(SystemClock),
-        ready,
     });
     (context, ats_controller, janitor)
 }
@@ -172,11 +165,12 @@ pub fn owners(pod: Pod) -> Vec<ObjectRef<At>> {
 /// Reconciles one At: plan from the caches; if the plan writes anything, plan again from a fresh
 /// read of the At; write the status, publish the Events, then act on the pod.
 pub async fn reconcile(at: Arc<At>, ctx: Arc<Context>) -> Result<Action, Error> {
-    ctx.wait_until_ready().await;
+    ctx.shared.ready.wait().await;
     let namespace = at.namespace().unwrap_or_default();
     let name = at.name_any();
     let now = ctx.clock.now();
-    let api: Api<At> = Api::namespaced(ctx.client.clone(), &namespace);
+    let client = &ctx.shared.client;
+    let api: Api<At> = Api::namespaced(client.clone(), &namespace);
 
     let mut at = at;
     let mut pod = ctx.pod_of(&at);
@@ -202,9 +196,9 @@ pub async fn reconcile(at: Arc<At>, ctx: Arc<Context>) -> Result<Action, Error> 
     // The Events tell the status transition just written: published before the pod action, so a
     // failed (and retried) pod write does not lose them.
     for notice in plan.notices {
-        ctx.events.publish(at.as_ref(), notice).await;
+        ctx.shared.events.publish(at.as_ref(), notice).await;
     }
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
     match (plan.pod, pod) {
         (PodAction::Create, _) => {
             tracing::info!(%namespace, %name, "creating the pod");
@@ -221,19 +215,14 @@ pub async fn reconcile(at: Arc<At>, ctx: Arc<Context>) -> Result<Action, Error> 
         (PodAction::Release, Some(pod)) => release(&pods, &pod).await?,
         _ => {}
     }
-    ctx.backoff.succeeded(&reconcile::key(at.as_ref()));
+    ctx.shared.succeeded(at.as_ref());
     Ok(plan.wake.map_or_else(Action::await_change, Action::requeue))
-}
-
-/// Retries a failed reconcile with exponential backoff per object.
-pub fn error_policy(at: Arc<At>, error: &Error, ctx: Arc<Context>) -> Action {
-    ctx.backoff.retry(&reconcile::key(at.as_ref()), error)
 }
 
 /// The janitor: releases the finalizer of a pod being deleted whose At is gone (or is another At
 /// of the same name). While the At exists, its own reconcile decides.
 pub async fn release_orphan(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error> {
-    ctx.wait_until_ready().await;
+    ctx.shared.ready.wait().await;
     if pod.metadata.deletion_timestamp.is_none() || !build::held(&pod) {
         return Ok(Action::await_change());
     }
@@ -251,15 +240,10 @@ pub async fn release_orphan(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, 
         return Ok(Action::await_change());
     }
     tracing::info!(%namespace, pod = %pod.name_any(), "releasing the pod of a deleted At");
-    let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
+    let api: Api<Pod> = Api::namespaced(ctx.shared.client.clone(), &namespace);
     release(&api, &pod).await?;
-    ctx.backoff.succeeded(&orphan_key(&pod));
+    ctx.shared.succeeded(pod.as_ref());
     Ok(Action::await_change())
-}
-
-/// Retries a failed release with exponential backoff per pod.
-pub fn orphan_error_policy(pod: Arc<Pod>, error: &Error, ctx: Arc<Context>) -> Action {
-    ctx.backoff.retry(&orphan_key(&pod), error)
 }
 
 /// Removes the operator's finalizer from `pod`.
@@ -271,8 +255,4 @@ async fn release(api: &Api<Pod>, pod: &Pod) -> Result<(), Error> {
             pod: pod.name_any(),
             source,
         })
-}
-
-fn orphan_key(pod: &Pod) -> String {
-    format!("pod:{}", reconcile::key(pod))
 }

@@ -11,7 +11,7 @@ use crate::apply;
 use crate::cache::{self, CachesReady, Scope};
 use crate::compact::Compact;
 use crate::events::Events;
-use crate::reconcile::{self, Backoff, Error, Leadership};
+use crate::reconcile::{self, Error, Leadership, Shared};
 use build::{Children, MANAGED_BY, MANAGED_BY_LABEL};
 use futures::future::BoxFuture;
 use futures::FutureExt;
@@ -36,28 +36,22 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 /// The controller's name in metrics, logs and traces.
 pub const CONTROLLER: &str = "cdncluster";
 
-/// Caches and clients of the CdnCluster controller.
+/// Caches of the CdnCluster controller.
 pub struct Context {
-    pub client: Client,
-    pub events: Events,
+    pub shared: Shared,
     pub clusters: Store<CdnCluster>,
     /// Children are cached compact (see [`Compact`]): they are only compared and read for status.
     pub deployments: Store<Compact<Deployment>>,
     pub config_maps: Store<Compact<ConfigMap>>,
     pub services: Store<Compact<Service>>,
-    pub backoff: Backoff,
-    /// Open once every cache above has listed: before that, a child missing from its cache may
-    /// exist, and applying it would announce a creation that did not happen.
-    pub ready: CachesReady,
     /// How long a reconcile waits for its writes to reach the caches; zero where no watch fills
     /// them (tests that fill the caches by hand).
     pub writes_visible_within: Duration,
 }
 
-impl Context {
-    /// Waits until every cache has listed its objects once.
-    pub async fn wait_until_ready(&self) {
-        self.ready.wait().await
+impl reconcile::Context for Context {
+    fn shared(&self) -> &Shared {
+        &self.shared
     }
 }
 
@@ -118,14 +112,11 @@ pub fn controller(
         Box::new(services.clone()),
     ]);
     let context = Arc::new(Context {
-        client,
-        events,
+        shared: Shared::new(client, events, ready),
         clusters,
         deployments,
         config_maps,
         services,
-        backoff: Backoff::default(),
-        ready,
         writes_visible_within: cache::WRITES_VISIBLE_WITHIN,
     });
     (context, controller)
@@ -161,7 +152,7 @@ pub fn parents(store: &Store<CdnCluster>, changed: &CdnCluster) -> Vec<ObjectRef
 
 /// Reconciles one CdnCluster.
 pub async fn reconcile(cluster: Arc<CdnCluster>, ctx: Arc<Context>) -> Result<Action, Error> {
-    ctx.wait_until_ready().await;
+    ctx.shared.ready.wait().await;
     let namespace = cluster.namespace().unwrap_or_default();
     let name = cluster.name_any();
     let now = Time(jiff::Timestamp::now());
@@ -195,7 +186,7 @@ pub async fn reconcile(cluster: Arc<CdnCluster>, ctx: Arc<Context>) -> Result<Ac
     let status = status::desired(&cluster, observed, &now);
     let notices = status::notices(&cluster, &status, &observed, &written.changes);
 
-    let api: Api<CdnCluster> = Api::namespaced(ctx.client.clone(), &namespace);
+    let api: Api<CdnCluster> = Api::namespaced(ctx.shared.client.clone(), &namespace);
     let before = cluster.resource_version();
     match apply::apply_status(&api, cluster.as_ref(), cluster.status.as_ref(), &status).await {
         Ok(Some(applied)) => written.wrote(
@@ -213,19 +204,14 @@ pub async fn reconcile(cluster: Arc<CdnCluster>, ctx: Arc<Context>) -> Result<Ac
         Err(error) => return Err(Error::WriteStatus(error)),
     }
     for notice in notices {
-        ctx.events.publish(cluster.as_ref(), notice).await;
+        ctx.shared.events.publish(cluster.as_ref(), notice).await;
     }
     written.until_visible().await;
     if let Some(error) = failed {
         return Err(error);
     }
-    ctx.backoff.succeeded(&reconcile::key(cluster.as_ref()));
+    ctx.shared.succeeded(cluster.as_ref());
     Ok(Action::await_change())
-}
-
-/// Retries a failed reconcile with exponential backoff per object.
-pub fn error_policy(cluster: Arc<CdnCluster>, error: &Error, ctx: Arc<Context>) -> Action {
-    ctx.backoff.retry(&reconcile::key(cluster.as_ref()), error)
 }
 
 /// What a reconcile wrote: the children it changed (for the Events), and, for each write, the
@@ -310,7 +296,7 @@ where
     let kind = K::kind(&());
     let key = ObjectRef::new(&name).within(namespace);
     let observed = cache.get(&key);
-    let api: Api<K> = Api::namespaced(ctx.client.clone(), namespace);
+    let api: Api<K> = Api::namespaced(ctx.shared.client.clone(), namespace);
     let applied = apply::apply(&api, desired, observed.as_deref())
         .await
         .map_err(|source| Error::ApplyChild {

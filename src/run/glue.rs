@@ -1,6 +1,6 @@
 //! What wires each controller to the runtime: metrics, probes, leadership, shutdown.
 
-use crate::reconcile::Leadership;
+use crate::reconcile::{self, Context, Leadership};
 use crate::runtime::http::Health;
 use crate::runtime::instrument::Reconciles;
 use crate::runtime::metrics::Metrics;
@@ -12,7 +12,6 @@ use kube::Resource;
 use serde::de::DeserializeOwned;
 use std::fmt::Debug;
 use std::future::Future;
-use std::hash::Hash;
 use std::sync::Arc;
 
 /// What every controller is wired to: metrics, probes, the shutdown signal.
@@ -25,26 +24,24 @@ pub(super) struct Glue {
 }
 
 impl Glue {
-    /// Wires one controller: readiness once `ready` completes (its caches listed), liveness while
-    /// its loop runs, each reconcile instrumented, graceful shutdown on the signal. Returns the
-    /// loop, to be polled until the controller stops.
-    pub(super) fn controller<K, Ctx, Fut, E>(
+    /// Wires one controller: readiness once its caches have listed, liveness while its loop
+    /// runs, each reconcile instrumented, the shared error policy, graceful shutdown on the
+    /// signal. Returns the loop, to be polled until the controller stops.
+    pub(super) fn controller<K, Ctx, Fut>(
         &self,
         name: &'static str,
         controller: Controller<K>,
-        ready: impl Future<Output = ()> + Send + 'static,
         reconcile: fn(Arc<K>, Arc<Ctx>) -> Fut,
-        error_policy: fn(Arc<K>, &E, Arc<Ctx>) -> Action,
         ctx: Arc<Ctx>,
     ) -> BoxFuture<'static, ()>
     where
-        K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
-        K::DynamicType: Eq + Hash + Clone + Debug + Unpin + Send + Sync,
-        Ctx: Send + Sync + 'static,
-        Fut: Future<Output = Result<Action, E>> + Send + 'static,
-        E: std::error::Error + Send + 'static,
+        K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+        Ctx: Context,
+        Fut: Future<Output = Result<Action, reconcile::Error>> + Send + 'static,
     {
-        self.health.ready_when(name, ready);
+        let ready = ctx.shared().ready.clone();
+        self.health
+            .ready_when(name, async move { ready.wait().await });
         let alive = self.health.alive_while(name);
         let reconciles = Reconciles::new(
             self.metrics.controller(name, self.concurrency),
@@ -54,7 +51,7 @@ impl Glue {
             .graceful_shutdown_on(self.shutdown.clone().cancelled_owned())
             .run(
                 move |obj, ctx| reconciles.run(obj, ctx, reconcile),
-                error_policy,
+                reconcile::error_policy,
                 ctx,
             );
         async move {

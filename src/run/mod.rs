@@ -132,16 +132,10 @@ pub async fn run(args: Args) -> Result<(), String> {
         concurrency,
     );
     register_cdncluster_gauges(&metrics, ctx.clusters.clone());
-    let ready = {
-        let ctx = ctx.clone();
-        async move { ctx.wait_until_ready().await }
-    };
     let cdnclusters = glue.controller(
         cdncluster::CONTROLLER,
         controller,
-        ready,
         cdncluster::reconcile,
-        cdncluster::error_policy,
         ctx,
     );
 
@@ -153,26 +147,8 @@ pub async fn run(args: Args) -> Result<(), String> {
         concurrency,
     );
     register_at_gauges(&metrics, at_ctx.ats.clone());
-    let at_ready = || {
-        let ctx = at_ctx.clone();
-        async move { ctx.wait_until_ready().await }
-    };
-    let ats = glue.controller(
-        at::CONTROLLER,
-        at_controller,
-        at_ready(),
-        at::reconcile,
-        at::error_policy,
-        at_ctx.clone(),
-    );
-    let at_pods = glue.controller(
-        at::JANITOR,
-        at_janitor,
-        at_ready(),
-        at::release_orphan,
-        at::orphan_error_policy,
-        at_ctx.clone(),
-    );
+    let ats = glue.controller(at::CONTROLLER, at_controller, at::reconcile, at_ctx.clone());
+    let at_pods = glue.controller(at::JANITOR, at_janitor, at::release_orphan, at_ctx);
 
     tracing::info!(
         ?scope,

@@ -10,7 +10,7 @@ use cdn_operator::api::CdnCluster;
 use cdn_operator::cache::CachesReady;
 use cdn_operator::cdncluster::Context;
 use cdn_operator::events::Events;
-use cdn_operator::reconcile::Backoff;
+use cdn_operator::reconcile::Shared;
 use http_body_util::BodyExt;
 use kube::api::{Api, ListParams};
 use kube::runtime::reflector::{self, Store};
@@ -195,14 +195,11 @@ impl FakeApi {
     /// The controller's context, caches as fresh as the watches would make them.
     pub async fn context(&self, events: Events) -> Arc<Context> {
         Arc::new(Context {
-            client: self.client.clone(),
-            events,
+            shared: Shared::new(self.client.clone(), events, CachesReady::already()),
             clusters: self.store().await,
             deployments: self.store().await,
             config_maps: self.store().await,
             services: self.store().await,
-            backoff: Backoff::default(),
-            ready: CachesReady::already(),
             // The caches are filled by hand before each reconcile: no watch to wait for.
             writes_visible_within: std::time::Duration::ZERO,
         })
