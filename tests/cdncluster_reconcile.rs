@@ -5,6 +5,7 @@
 //! watches would have, before reconciling.
 
 use cdn_operator::api::{CdnCluster, CdnClusterSpec, Role, Source, State};
+use cdn_operator::cdncluster::parents::Parents;
 use cdn_operator::cdncluster::{self, build, Context};
 use cdn_operator::events::Events;
 use cdn_operator::reconcile::{self, Leadership};
@@ -15,6 +16,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
+use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 use std::sync::Arc;
@@ -118,10 +120,11 @@ impl Cluster {
     async fn parents(&self, name: &str) -> Vec<String> {
         let ctx = self.context().await;
         let changed = self.get_cluster(name).await;
-        let mut names: Vec<String> = cdncluster::parents(&ctx.clusters, &changed)
-            .into_iter()
-            .map(|r| r.name)
-            .collect();
+        let mut index = Parents::default();
+        for cluster in ctx.clusters.state() {
+            index.observe(&watcher::Event::Apply(cluster.as_ref().clone()), None);
+        }
+        let mut names: Vec<String> = index.of(&changed).into_iter().map(|r| r.name).collect();
         names.sort();
         names
     }

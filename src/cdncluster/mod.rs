@@ -3,6 +3,7 @@
 
 pub mod build;
 pub mod nginx;
+pub mod parents;
 pub mod sources;
 pub mod status;
 
@@ -23,6 +24,7 @@ use kube::runtime::controller::{Action, Config, Controller};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Client, Resource, ResourceExt};
+use parents::{concerns_parents, Parents};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use status::{ChildChange, Observed};
@@ -57,7 +59,7 @@ impl reconcile::Context for Context {
 
 /// Builds the controller and its watches: CdnClusters, and the children the operator labelled as
 /// its own. A change of a CdnCluster also triggers the CdnClusters that list it as a source,
-/// looked up in the controller's own cache.
+/// looked up in an index the CdnCluster watch keeps ([`Parents`]).
 pub fn controller(
     client: Client,
     scope: &Scope,
@@ -78,22 +80,27 @@ pub fn controller(
         cache::cached(scope.api::<Compact<Service>>(client.clone()), children);
 
     let (parents_tx, parents_rx) = mpsc::unbounded_channel();
+    let mut parents = Parents::default();
     let (clusters, cluster_events) = cache::cached_observing(
         scope.api::<CdnCluster>(client.clone()),
         watcher::Config::default(),
         move |event, cache: &Store<CdnCluster>| {
-            // Not on the initial list: every object is reconciled then anyway.
-            let changed = match event {
-                watcher::Event::Delete(gone) => Some(gone),
-                watcher::Event::Apply(new) => {
-                    let old = cache.get(&ObjectRef::from_obj(new));
-                    concerns_parents(old.as_deref(), new).then_some(new)
+            let old = match event {
+                watcher::Event::Apply(obj) | watcher::Event::Delete(obj) => {
+                    cache.get(&ObjectRef::from_obj(obj))
                 }
                 _ => None,
             };
-            for parent in changed.map(|c| parents(cache, c)).unwrap_or_default() {
+            // Not on a (re)list: every object is reconciled then anyway.
+            let changed = match event {
+                watcher::Event::Delete(gone) => Some(gone),
+                watcher::Event::Apply(new) => concerns_parents(old.as_deref(), new).then_some(new),
+                _ => None,
+            };
+            for parent in changed.map(|c| parents.of(c)).unwrap_or_default() {
                 let _ = parents_tx.send(parent);
             }
+            parents.observe(event, old.as_deref());
         },
     );
 
@@ -120,34 +127,6 @@ pub fn controller(
         writes_visible_within: cache::WRITES_VISIBLE_WITHIN,
     });
     (context, controller)
-}
-
-/// Whether a new version of a CdnCluster can change what its parents build or report: its
-/// existence, its identity (a new uid means a new Service address) and its spec (its sources make
-/// or break cycles). Not its status, which the operator itself writes at every transition: those
-/// events would each cost a scan of the whole cache for nothing.
-pub fn concerns_parents(old: Option<&CdnCluster>, new: &CdnCluster) -> bool {
-    old.is_none_or(|old| {
-        old.uid() != new.uid() || old.metadata.generation != new.metadata.generation
-    })
-}
-
-/// The CdnClusters of `changed`'s namespace that list it as a source.
-pub fn parents(store: &Store<CdnCluster>, changed: &CdnCluster) -> Vec<ObjectRef<CdnCluster>> {
-    let namespace = changed.namespace();
-    let name = changed.name_any();
-    store
-        .state()
-        .iter()
-        .filter(|c| c.namespace() == namespace)
-        .filter(|c| {
-            c.spec
-                .sources
-                .iter()
-                .any(|s| s.origin.is_none() && s.name == name)
-        })
-        .map(|c| ObjectRef::from_obj(c.as_ref()))
-        .collect()
 }
 
 /// Reconciles one CdnCluster.

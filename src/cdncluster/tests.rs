@@ -642,8 +642,11 @@ fn every_label_value_fits_for_the_longest_name() {
 #[test]
 fn only_existence_identity_and_spec_changes_concern_parents() {
     let old = cluster("cache", Role::Cache, vec![]);
-    let concerns = |new: &CdnCluster| super::concerns_parents(Some(&old), new);
-    assert!(super::concerns_parents(None, &old), "a new cluster");
+    let concerns = |new: &CdnCluster| super::parents::concerns_parents(Some(&old), new);
+    assert!(
+        super::parents::concerns_parents(None, &old),
+        "a new cluster"
+    );
 
     let mut status_only = old.clone();
     status_only.status = Some(CdnClusterStatus {
