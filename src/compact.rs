@@ -17,7 +17,7 @@ use std::marker::PhantomData;
 
 /// An object of kind `K` as cached.
 pub struct Compact<K> {
-    /// Without managedFields: what matters of them is in `owned`.
+    /// What the operator reads of it (see [`kept`]); what matters of managedFields is in `owned`.
     pub metadata: ObjectMeta,
     /// The fields of the operator's own apply (its managedFields entry for the main resource),
     /// `None` when it has none.
@@ -76,6 +76,31 @@ fn operator_fields(metadata: &ObjectMeta) -> Option<Owned> {
         .map(|fields| Owned::of(&fields.0))
 }
 
+/// The metadata the operator reads of a cached child: its key and version (the cache, waiting
+/// for a write), its generation (is the status current), its controller (which CdnCluster to
+/// reconcile when it changes) and the applied hash (is it what the operator would apply). The
+/// rest (labels, uid, timestamps, other annotations) is dropped: with thousands of children it
+/// is most of the cache.
+fn kept(metadata: ObjectMeta) -> ObjectMeta {
+    let applied_hash = metadata
+        .annotations
+        .and_then(|mut all| all.remove_entry(crate::apply::APPLIED_HASH_ANNOTATION));
+    ObjectMeta {
+        name: metadata.name,
+        namespace: metadata.namespace,
+        resource_version: metadata.resource_version,
+        generation: metadata.generation,
+        deletion_timestamp: metadata.deletion_timestamp,
+        owner_references: metadata.owner_references.map(|refs| {
+            refs.into_iter()
+                .filter(|r| r.controller == Some(true))
+                .collect()
+        }),
+        annotations: applied_hash.map(|entry| [entry].into()),
+        ..ObjectMeta::default()
+    }
+}
+
 impl<'de, K> Deserialize<'de> for Compact<K> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         #[derive(Deserialize)]
@@ -85,19 +110,15 @@ impl<'de, K> Deserialize<'de> for Compact<K> {
             #[serde(default)]
             status: Option<Value>,
         }
-        let Parts {
-            mut metadata,
-            status,
-        } = Parts::deserialize(deserializer)?;
+        let Parts { metadata, status } = Parts::deserialize(deserializer)?;
         let owned = operator_fields(&metadata);
-        metadata.managed_fields = None;
         let status = status
             .filter(|s| !s.is_null())
             .map(|s| serde_json::to_string(&s).map(String::into_boxed_str))
             .transpose()
             .map_err(D::Error::custom)?;
         Ok(Compact {
-            metadata,
+            metadata: kept(metadata),
             owned,
             status,
             kind: PhantomData,
@@ -165,7 +186,9 @@ impl<K: Resource> Resource for Compact<K> {
 mod tests {
     use super::*;
     use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStatus};
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
+        FieldsV1, ManagedFieldsEntry, OwnerReference,
+    };
     use serde_json::json;
 
     fn entry(manager: &str, subresource: Option<&str>, fields: Value) -> ManagedFieldsEntry {
@@ -204,9 +227,46 @@ mod tests {
             ready_replicas: Some(2),
             ..DeploymentStatus::default()
         });
+        d.metadata.labels = Some([("app".to_string(), "a".to_string())].into());
+        d.metadata.annotations = Some(
+            [
+                (crate::apply::APPLIED_HASH_ANNOTATION, "h1"),
+                ("deployment.kubernetes.io/revision", "4"),
+            ]
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .into(),
+        );
+        d.metadata.uid = Some("uid-a".into());
+        let owner = |name: &str, controller| OwnerReference {
+            api_version: "cluster.anevia.com/v1".into(),
+            kind: "CdnCluster".into(),
+            name: name.into(),
+            uid: format!("uid-{name}"),
+            controller: Some(controller),
+            ..OwnerReference::default()
+        };
+        d.metadata.owner_references = Some(vec![owner("other", false), owner("lb", true)]);
         let compact = Compact::of(&d);
         assert_eq!(compact.metadata.name.as_deref(), Some("a"));
         assert_eq!(compact.metadata.managed_fields, None);
+        assert_eq!(compact.metadata.labels, None, "labels are not read");
+        assert_eq!(compact.metadata.uid, None, "nor is the uid");
+        assert_eq!(
+            compact.metadata.annotations,
+            Some(
+                [(
+                    crate::apply::APPLIED_HASH_ANNOTATION.to_string(),
+                    "h1".to_string()
+                )]
+                .into()
+            ),
+            "the applied hash is the only annotation read"
+        );
+        assert_eq!(
+            compact.metadata.owner_references,
+            Some(vec![owner("lb", true)]),
+            "the controller routes a change to its CdnCluster"
+        );
         let owned = compact.owned.as_ref().expect("the operator's apply entry");
         assert!(owned.covers(&json!({"spec": {"replicas": 1}})));
         assert!(!owned.covers(&json!({"spec": {"paused": true}})));
