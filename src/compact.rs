@@ -6,6 +6,7 @@
 //! inline (a cached typed Deployment costs ~20 KiB), so the rest is dropped as it arrives.
 
 use crate::fields::Owned;
+use internment::ArcIntern;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
 use serde::de::{DeserializeOwned, Error as _};
@@ -20,8 +21,9 @@ pub struct Compact<K> {
     /// What the operator reads of it (see [`kept`]); what matters of managedFields is in `owned`.
     pub metadata: ObjectMeta,
     /// The fields of the operator's own apply (its managedFields entry for the main resource),
-    /// `None` when it has none.
-    pub owned: Option<Owned>,
+    /// `None` when it has none. Interned: children of one kind and shape own the same fields
+    /// (fieldsV1 names fields and list keys, not values), so thousands share one copy.
+    pub owned: Option<ArcIntern<Owned>>,
     /// The status as compact JSON, if any.
     status: Option<Box<str>>,
     kind: PhantomData<fn() -> K>,
@@ -62,7 +64,7 @@ impl<K> Compact<K> {
 }
 
 /// The fields the manager `cdn-operator` applied to the main resource, from managedFields.
-fn operator_fields(metadata: &ObjectMeta) -> Option<Owned> {
+fn operator_fields(metadata: &ObjectMeta) -> Option<ArcIntern<Owned>> {
     metadata
         .managed_fields
         .as_ref()?
@@ -73,7 +75,7 @@ fn operator_fields(metadata: &ObjectMeta) -> Option<Owned> {
                 && entry.subresource.as_deref().unwrap_or_default().is_empty()
         })
         .and_then(|entry| entry.fields_v1.as_ref())
-        .map(|fields| Owned::of(&fields.0))
+        .map(|fields| ArcIntern::new(Owned::of(&fields.0)))
 }
 
 /// The metadata the operator reads of a cached child: its key and version (the cache, waiting
@@ -275,6 +277,22 @@ mod tests {
         assert_eq!(typed.status.unwrap().ready_replicas, Some(2));
         assert_eq!(typed.metadata.generation, Some(3));
         assert_eq!(typed.spec, None, "the spec is not kept");
+    }
+
+    #[test]
+    fn children_of_one_shape_share_their_owned_fields() {
+        let child = |name: &str, paths: Value| {
+            let mut d = Deployment::default();
+            d.metadata.name = Some(name.into());
+            d.metadata.managed_fields = Some(vec![entry(crate::apply::FIELD_MANAGER, None, paths)]);
+            Compact::of(&d)
+        };
+        let shape = json!({"f:spec": {"f:replicas": {}}});
+        let (a, b) = (child("a", shape.clone()), child("b", shape));
+        let c = child("c", json!({"f:spec": {"f:paused": {}}}));
+        let owned = |c: &Compact<Deployment>| c.owned.clone().unwrap();
+        assert!(std::ptr::eq(&*owned(&a), &*owned(&b)), "one copy");
+        assert!(!std::ptr::eq(&*owned(&a), &*owned(&c)));
     }
 
     #[test]

@@ -13,7 +13,7 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 
 /// The fields one manager owns, kept compact for a cache: the hash of each path of its
 /// `fieldsV1` tree, and apart those of its leaves (which own everything below them).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Owned {
     nodes: Box<[u64]>,
     leaves: Box<[u64]>,
