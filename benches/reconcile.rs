@@ -9,21 +9,23 @@
 //!    API as the watches would fill them: time, writes per reconcile; then a second pass after the
 //!    caches caught up: writes must be 0.
 //! 2. Resident memory of reflector stores holding 10,000 CdnClusters and their 30,000 children as
-//!    the operator caches them (managedFields dropped, as `cache::cached` does).
+//!    the operator caches them, made from objects a real v1.36 API server returned (defaults,
+//!    status, managedFields: `tests/fixtures/real-server/`).
 //!
 //! Under `cargo test` (no `--bench` argument) it runs a small size, as a check of the invariants.
 
 use cdn_operator::api::{CdnCluster, CdnClusterSpec, Role, Source};
-use cdn_operator::cdncluster::status::{self, Observed};
-use cdn_operator::cdncluster::{self, build, sources, Context};
+use cdn_operator::cache;
+use cdn_operator::cdncluster::{self, Context};
 use cdn_operator::compact::Compact;
 use cdn_operator::events::Events;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, Time};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use kube::api::{Api, PostParams};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use support::FakeApi;
@@ -169,60 +171,50 @@ fn rss_kib() -> u64 {
         .unwrap_or(0)
 }
 
-/// What the API server adds to an object: identity, version, and managedFields (which the
-/// operator's cache then drops, as `cache::cached` does).
-fn served<K: Resource>(mut obj: K, i: usize, managers: &[&str]) -> K {
-    let meta = obj.meta_mut();
-    meta.uid = Some(format!("6f1c2f0e-8d5b-4c1e-9a57-{i:012x}"));
-    meta.resource_version = Some(format!("{}", 1_000_000 + i));
-    meta.generation = Some(1);
-    meta.creation_timestamp = Some(Time(jiff::Timestamp::now()));
-    meta.managed_fields = Some(
-        managers
-            .iter()
-            .map(|m| ManagedFieldsEntry {
-                manager: Some(m.to_string()),
-                operation: Some("Apply".into()),
-                api_version: Some("v1".into()),
-                fields_type: Some("FieldsV1".into()),
-                time: meta.creation_timestamp.clone(),
-                ..Default::default()
-            })
-            .collect(),
+/// A real-server fixture (`tests/fixtures/real-server/`) as object `i` of the benchmark: its own
+/// name, namespace, uid and resourceVersion, and its controller's; the rest (defaults, status,
+/// managedFields) as the API server returned it.
+fn served(fixture: &str, i: usize) -> serde_json::Value {
+    let path = format!(
+        "{}/tests/fixtures/real-server/{fixture}.json",
+        env!("CARGO_MANIFEST_DIR")
     );
-    obj.managed_fields_mut().clear();
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let mut obj: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+    let name = format!("cluster-{i}");
+    let meta = &mut obj["metadata"];
+    meta["name"] = name.clone().into();
+    meta["namespace"] = format!("bench-{}", i % NAMESPACES).into();
+    meta["uid"] = format!("6f1c2f0e-8d5b-4c1e-9a57-{i:012x}").into();
+    meta["resourceVersion"] = (1_000_000 + i).to_string().into();
+    if let Some(owner) = meta["ownerReferences"].get_mut(0) {
+        owner["name"] = name.into();
+        owner["uid"] = format!("0d7c0b57-3c8e-4a0e-b1f3-{i:012x}").into();
+    }
     obj
 }
 
-/// CdnCluster `i` and its children as the API server would serve them.
-fn served_objects(
-    i: usize,
-    specs: &HashMap<(String, String), Arc<CdnCluster>>,
-    now: &Time,
-) -> (CdnCluster, build::Children) {
-    let spec = cluster(i);
-    let ns = spec.namespace().unwrap();
-    let upstreams = sources::resolve(&spec, |name| {
-        specs.get(&(ns.clone(), name.to_string())).cloned()
-    })
-    .expect("the topology resolves");
-    let mut children = build::children(&spec, &upstreams);
-    let cluster = served_cluster(i, now);
-    children.deployment = served(
-        children.deployment,
-        i,
-        &["cdn-operator", "kube-controller-manager"],
-    );
-    children.config_map = served(children.config_map, i, &["cdn-operator"]);
-    children.service = served(children.service, i, &["cdn-operator"]);
-    (cluster, children)
+/// Object `i` of a kind, from the fixture of a balancer (one in ten, as in the topology) or a cache.
+fn kind_of(i: usize, kind: &str) -> String {
+    let of = if i % GROUP == 0 {
+        "balancer"
+    } else {
+        "cache-live"
+    };
+    format!("{kind}-{of}")
 }
 
-/// CdnCluster `i` as served, with the status the operator writes.
-fn served_cluster(i: usize, now: &Time) -> CdnCluster {
-    let mut cluster = served(cluster(i), i, &["kubectl", "cdn-operator"]);
-    cluster.status = Some(status::desired(&cluster, Observed::Deployed(None), now));
+/// CdnCluster `i` as the operator caches it: typed, [`cache::strip`]ped.
+fn cached_cluster(i: usize) -> CdnCluster {
+    let mut cluster: CdnCluster =
+        serde_json::from_value(served(&kind_of(i, "cdncluster"), i)).expect("a CdnCluster");
+    cache::strip(&mut cluster);
     cluster
+}
+
+/// Child `i` of a kind as the operator caches it: compact, read from the JSON as a watch reads it.
+fn cached_child<K>(i: usize, kind: &str) -> Compact<K> {
+    serde_json::from_value(served(&kind_of(i, kind), i)).expect("a child")
 }
 
 /// Fills one store with `n` objects made by `make`; (RSS growth in KiB, JSON bytes).
@@ -244,35 +236,24 @@ where
 }
 
 fn memory_bench(n: usize) -> serde_json::Value {
-    let specs: HashMap<(String, String), Arc<CdnCluster>> = (0..n)
-        .map(|i| {
-            let c = cluster(i);
-            ((c.namespace().unwrap(), c.name_any()), Arc::new(c))
-        })
-        .collect();
-    let now = Time(jiff::Timestamp::now());
-    // Warm up: one-time allocations (lazy statics, the runtime of the regex checks) are not cache.
+    // Warm up: one-time allocations (lazy statics, the interner) are not cache.
     for i in 0..GROUP.min(n) {
-        drop(served_objects(i, &specs, &now));
+        drop((
+            cached_cluster(i),
+            cached_child::<Deployment>(i, "deployment"),
+        ));
     }
     let before = rss_kib();
     // One kind after the other, so each store's growth is seen on its own.
-    let (clusters, c_kib, c_bytes) = fill(n, |i| served_cluster(i, &now));
-    // Children as the operator caches them: compact (cdn_operator::compact::Compact).
-    let (config_maps, m_kib, m_bytes) = fill(n, |i| {
-        Compact::of(&served_objects(i, &specs, &now).1.config_map)
-    });
-    let (services, s_kib, s_bytes) = fill(n, |i| {
-        Compact::of(&served_objects(i, &specs, &now).1.service)
-    });
-    let (deployments, d_kib, d_bytes) = fill(n, |i| {
-        Compact::of(&served_objects(i, &specs, &now).1.deployment)
-    });
+    let (clusters, c_kib, c_bytes) = fill(n, cached_cluster);
+    let (config_maps, m_kib, m_bytes) = fill(n, |i| cached_child::<ConfigMap>(i, "configmap"));
+    let (services, s_kib, s_bytes) = fill(n, |i| cached_child::<Service>(i, "service"));
+    let (deployments, d_kib, d_bytes) = fill(n, |i| cached_child::<Deployment>(i, "deployment"));
     let after = rss_kib();
     let delta = after.saturating_sub(before);
     let bytes = c_bytes + m_bytes + s_bytes + d_bytes;
-    println!("== in-memory cache footprint (reflector stores, managedFields dropped) ==");
-    println!("| store | objects | VmRSS growth | per object | JSON per object |");
+    println!("== in-memory cache footprint (reflector stores, objects as a real API server returns them) ==");
+    println!("| store | objects | VmRSS growth | per object | JSON per object as cached |");
     println!("|---|---|---|---|---|");
     for (kind, kib, json) in [
         ("CdnCluster", c_kib, c_bytes),
@@ -296,7 +277,6 @@ fn memory_bench(n: usize) -> serde_json::Value {
         delta as f64 / n as f64,
         bytes as f64 / 1048576.0
     );
-    println!("(objects as the operator applies them plus server metadata; a real API server also adds defaulted fields, about 1-2 KiB more per Deployment)");
     let held = clusters.len() + config_maps.len() + services.len() + deployments.len();
     assert_eq!(held, 4 * n);
     serde_json::json!({

@@ -73,9 +73,15 @@ impl Scope {
 /// Annotation in which `kubectl apply` keeps a second copy of the whole object.
 const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
+/// What a cache drops of every object: managedFields and kubectl's last-applied copy, never read
+/// and often the largest part of an object.
+pub fn strip<K: Resource>(obj: &mut K) {
+    obj.managed_fields_mut().clear();
+    obj.annotations_mut().remove(LAST_APPLIED);
+}
+
 /// A cached watch of `api`: the store, and the stream that fills it (to be polled by a
-/// controller). managedFields and kubectl's last-applied copy are dropped before caching: the
-/// operator never reads them and they are often the largest part of an object.
+/// controller), each object [`strip`]ped before caching.
 pub fn cached<K>(
     api: Api<K>,
     config: watcher::Config,
@@ -109,10 +115,7 @@ where
     let cache = reader.clone();
     let stream = watcher(api, config)
         .default_backoff()
-        .modify(|obj: &mut K| {
-            obj.managed_fields_mut().clear();
-            obj.annotations_mut().remove(LAST_APPLIED);
-        })
+        .modify(strip)
         .inspect(move |event| {
             if let Ok(event) = event {
                 observe(event, &cache);
