@@ -81,24 +81,9 @@ pub fn strip<K: Resource>(obj: &mut K) {
 }
 
 /// A cached watch of `api`: the store, and the stream that fills it (to be polled by a
-/// controller), each object [`strip`]ped before caching.
-pub fn cached<K>(
-    api: Api<K>,
-    config: watcher::Config,
-) -> (
-    Store<K>,
-    impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
-)
-where
-    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
-    K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
-{
-    cached_observing(api, config, |_, _| {})
-}
-
-/// [`cached`], calling `observe(event, cache)` with each event before the cache takes it, so the
-/// cache still holds the object's previous version to compare with.
-pub fn cached_observing<K, F>(
+/// controller), each object [`strip`]ped before caching. `observe(event, cache)` sees each event
+/// before the cache takes it, so the cache still holds the object's previous version.
+pub fn cached<K, F>(
     api: Api<K>,
     config: watcher::Config,
     mut observe: F,

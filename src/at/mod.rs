@@ -94,15 +94,20 @@ pub fn controller(
     leadership: Leadership,
     concurrency: u16,
 ) -> (Arc<Context>, Controller<At>, Controller<Pod>) {
-    let (ats, at_events) =
-        cache::cached(scope.api::<At>(client.clone()), watcher::Config::default());
+    let (ats, at_events) = cache::cached(
+        scope.api::<At>(client.clone()),
+        watcher::Config::default(),
+        |_, _| {},
+    );
     let (pods, pod_events) = cache::cached(
         scope.api::<Pod>(client.clone()),
         watcher::Config::default().labels(&build::selector()),
+        |_, _| {},
     );
 
     // The janitor looks at a pod when it is being deleted, and when its At is deleted: whichever
-    // of the two caches learns last, the janitor then sees both.
+    // of the two caches learns last, the janitor then sees both. So it is told after the caches
+    // took the event (inspected after them, not observed before).
     let (orphans_tx, orphans_rx) = mpsc::unbounded_channel::<ObjectRef<Pod>>();
     let tx = orphans_tx.clone();
     let at_stream = at_events.inspect(move |event| {

@@ -71,17 +71,22 @@ pub fn controller(
     let (deployments, deployment_events) = cache::cached(
         scope.api::<Compact<Deployment>>(client.clone()),
         children.clone(),
+        |_, _| {},
     );
     let (config_maps, config_map_events) = cache::cached(
         scope.api::<Compact<ConfigMap>>(client.clone()),
         children.clone(),
+        |_, _| {},
     );
-    let (services, service_events) =
-        cache::cached(scope.api::<Compact<Service>>(client.clone()), children);
+    let (services, service_events) = cache::cached(
+        scope.api::<Compact<Service>>(client.clone()),
+        children,
+        |_, _| {},
+    );
 
     let (parents_tx, parents_rx) = mpsc::unbounded_channel();
     let mut parents = Parents::default();
-    let (clusters, cluster_events) = cache::cached_observing(
+    let (clusters, cluster_events) = cache::cached(
         scope.api::<CdnCluster>(client.clone()),
         watcher::Config::default(),
         move |event, cache: &Store<CdnCluster>| {
