@@ -196,7 +196,7 @@ fn served(fixture: &str, i: usize) -> serde_json::Value {
 
 /// Object `i` of a kind, from the fixture of a balancer (one in ten, as in the topology) or a cache.
 fn kind_of(i: usize, kind: &str) -> String {
-    let of = if i % GROUP == 0 {
+    let of = if i.is_multiple_of(GROUP) {
         "balancer"
     } else {
         "cache-live"
