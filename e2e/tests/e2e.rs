@@ -885,7 +885,9 @@ async fn leader_election_one_leads_the_other_takes_over_within_2s() {
         takeover <= Duration::from_secs(2),
         "{other} led {takeover:?} after SIGTERM to the leader"
     );
-    let exit = env.operators[lead].wait_exit(Duration::from_secs(30)).await;
+    let exit = env.operators[lead]
+        .exit_within(Duration::from_secs(30))
+        .await;
     assert!(
         exit.is_some_and(|s| s.success()),
         "the old leader exits cleanly on SIGTERM: {exit:?}"
