@@ -10,167 +10,51 @@ use cdn_operator::at::{self, build, status, Clock, Context};
 use cdn_operator::cache::CachesReady;
 use cdn_operator::events::Events;
 use cdn_operator::reconcile::{self, Shared};
-use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::{self, store::Writer, ObjectRef};
-use kube::runtime::watcher;
-use kube::{Client, ResourceExt};
-use kube_fake_client::{interceptor, ClientBuilder};
+use kube::ResourceExt;
+use kube_fake_client::ClientBuilder;
 use serde_json::{json, Value};
-use std::sync::atomic::Ordering::SeqCst;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
+use support::{fill, FakeApi, Request, TestClock};
+
+mod support;
 
 const NS: &str = "default";
 const NOW: &str = "2030-01-01T00:00:00Z";
 const PAST: &str = "2019-04-12T10:12:00Z";
 
-struct TestClock(Mutex<Timestamp>);
-
-impl Clock for TestClock {
-    fn now(&self) -> Timestamp {
-        *self.0.lock().unwrap()
-    }
-}
-
-/// One request the fake received, as the interceptors saw it.
-#[derive(Clone, Debug)]
-struct Request {
-    verb: &'static str,
-    /// The object's kind when the request body tells it.
-    kind: String,
-    name: String,
-    /// An Event's reason.
-    reason: Option<String>,
-}
-
-impl Request {
-    fn is_event(&self) -> bool {
-        self.kind == "Event" || self.reason.is_some()
-    }
-    fn is_write(&self) -> bool {
-        self.verb != "get" && !self.is_event()
-    }
-}
-
-type Log = Arc<Mutex<Vec<Request>>>;
-
-/// How many of the next patches of a pod fail with a conflict.
-type Failures = Arc<std::sync::atomic::AtomicUsize>;
-
-fn field(value: &Value, path: &[&str]) -> String {
-    path.iter()
-        .try_fold(value, |v, k| v.get(k))
-        .and_then(Value::as_str)
-        .unwrap_or_default()
-        .to_string()
-}
-
-fn record(log: &Log, verb: &'static str, body: Option<&Value>, name: &str) {
-    let body = body.cloned().unwrap_or(Value::Null);
-    let kind = field(&body, &["kind"]);
-    let reason = (kind == "Event").then(|| field(&body, &["reason"]));
-    let name = if name.is_empty() {
-        field(&body, &["metadata", "name"])
-    } else {
-        name.to_string()
-    };
-    log.lock().unwrap().push(Request {
-        verb,
-        kind,
-        name,
-        reason,
-    });
-}
-
-fn interceptors(log: &Log, failures: &Failures) -> interceptor::Funcs {
-    let failures = failures.clone();
-    let (l1, l2, l3, l4, l5, l6, l7, l8) = (
-        log.clone(),
-        log.clone(),
-        log.clone(),
-        log.clone(),
-        log.clone(),
-        log.clone(),
-        log.clone(),
-        log.clone(),
-    );
-    interceptor::Funcs::new()
-        .create(move |c| {
-            record(&l1, "create", Some(c.object), "");
-            Ok(None)
-        })
-        .patch(move |c| {
-            record(&l2, "patch", Some(c.patch), c.name);
-            let failing = c.name.ends_with("-pod")
-                && failures
-                    .fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1))
-                    .is_ok();
-            if failing {
-                return Err(kube_fake_client::Error::Conflict("the pod changed".into()));
-            }
-            Ok(None)
-        })
-        .patch_status(move |c| {
-            record(&l3, "patch_status", Some(c.patch), c.name);
-            Ok(None)
-        })
-        .update(move |c| {
-            record(&l4, "update", Some(c.object), "");
-            Ok(None)
-        })
-        .replace(move |c| {
-            record(&l5, "replace", Some(c.object), c.name);
-            Ok(None)
-        })
-        .replace_status(move |c| {
-            record(&l6, "replace_status", Some(c.object), c.name);
-            Ok(None)
-        })
-        .delete(move |c| {
-            record(&l7, "delete", None, c.name);
-            Ok(None)
-        })
-        .get(move |c| {
-            record(&l8, "get", None, c.name);
-            Ok(None)
-        })
-}
-
+/// The At controller over the shared in-memory API: its context, and the writers of its caches.
 struct Harness {
-    client: Client,
+    fake: FakeApi,
     ctx: Arc<Context>,
     ats: Writer<At>,
     pods: Writer<Pod>,
-    log: Log,
-    failures: Failures,
     clock: Arc<TestClock>,
 }
 
 impl Harness {
     /// A fake API server holding `objects`, the clock at `NOW`, caches synced.
     async fn new(objects: Vec<Value>) -> Harness {
-        let log: Log = Arc::default();
-        let failures: Failures = Arc::default();
-        let client = ClientBuilder::new()
-            .with_resource::<At>()
-            .with_status_subresource::<At>()
-            .with_status_subresource::<Pod>()
-            .with_runtime_objects(objects)
-            .with_interceptor_funcs(interceptors(&log, &failures))
-            .build()
-            .await
-            .expect("a fake client");
+        let fake = FakeApi::over(
+            ClientBuilder::new()
+                .with_resource::<At>()
+                .with_status_subresource::<At>()
+                .with_status_subresource::<Pod>()
+                .with_runtime_objects(objects),
+        )
+        .await;
         let (at_store, ats) = reflector::store();
         let (pod_store, pods) = reflector::store();
-        let clock = Arc::new(TestClock(Mutex::new(NOW.parse().unwrap())));
+        let clock = TestClock::at(NOW);
         let ctx = Arc::new(Context {
             shared: Shared::new(
-                client.clone(),
-                Events::new(client.clone(), None),
+                fake.client.clone(),
+                Events::new(fake.client.clone(), None),
                 CachesReady::already(),
             ),
             ats: at_store,
@@ -178,12 +62,10 @@ impl Harness {
             clock: clock.clone(),
         });
         let mut harness = Harness {
-            client,
+            fake,
             ctx,
             ats,
             pods,
-            log,
-            failures,
             clock,
         };
         harness.sync().await;
@@ -195,11 +77,11 @@ impl Harness {
     }
 
     fn at_api(&self) -> Api<At> {
-        Api::namespaced(self.client.clone(), NS)
+        Api::namespaced(self.fake.client.clone(), NS)
     }
 
     fn pod_api(&self) -> Api<Pod> {
-        Api::namespaced(self.client.clone(), NS)
+        Api::namespaced(self.fake.client.clone(), NS)
     }
 
     /// The caches catch up with the API server, as the watches eventually do.
@@ -254,41 +136,29 @@ impl Harness {
     }
 
     fn clear(&self) {
-        self.log.lock().unwrap().clear();
+        self.fake.clear();
     }
 
+    /// The changes to objects other than Events.
     fn writes(&self) -> Vec<Request> {
-        self.log
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|r| r.is_write())
-            .cloned()
-            .collect()
+        let requests = self.fake.requests();
+        requests.into_iter().filter(Request::is_write).collect()
     }
 
+    /// The objects read one by one (lists, such as `sync`'s, are not counted).
     fn reads(&self) -> usize {
-        self.log
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|r| r.verb == "get")
-            .count()
+        let requests = self.fake.requests();
+        requests.iter().filter(|r| r.verb == "get").count()
     }
 
     /// The reasons of the Events published (created or counted again in a series).
     fn events(&self) -> Vec<String> {
-        self.log
-            .lock()
-            .unwrap()
-            .iter()
-            .filter_map(|r| r.reason.clone())
-            .collect()
+        let requests = self.fake.requests();
+        requests.into_iter().filter_map(|r| r.reason).collect()
     }
 
     fn advance(&self, by: Duration) {
-        let mut now = self.clock.0.lock().unwrap();
-        *now += jiff::SignedDuration::try_from(by).unwrap();
+        self.clock.advance(by);
     }
 
     /// Sets the pod's status, as the kubelet does.
@@ -324,21 +194,9 @@ impl Harness {
             objects.push(serde_json::to_value(p).unwrap());
         }
         let harness = Harness::new(objects).await;
-        *harness.clock.0.lock().unwrap() = *self.clock.0.lock().unwrap();
+        harness.clock.set(self.clock.now());
         harness
     }
-}
-
-fn fill<K>(writer: &mut Writer<K>, objects: Vec<K>)
-where
-    K: kube::Resource + Clone,
-    K::DynamicType: Clone + Eq + std::hash::Hash + Default,
-{
-    writer.apply_watcher_event(&watcher::Event::Init);
-    for object in objects {
-        writer.apply_watcher_event(&watcher::Event::InitApply(object));
-    }
-    writer.apply_watcher_event(&watcher::Event::InitDone);
 }
 
 fn at_value(name: &str, schedule: &str) -> Value {
@@ -543,7 +401,9 @@ async fn a_pod_that_succeeded_makes_the_at_done_and_is_released() {
 async fn a_failed_release_keeps_its_event_and_is_retried_with_backoff() {
     let mut h = running("retry").await;
     h.pod_status("retry-pod", finished("Succeeded", 0)).await;
-    h.failures.store(1, SeqCst);
+    // The release is a merge patch, which names no kind.
+    h.fake
+        .refuse_next(1, "patch ? retry-pod", 409, "the pod changed");
     h.sync().await;
     let error = at::reconcile(h.cached("retry"), h.ctx.clone())
         .await

@@ -3,6 +3,7 @@
 
 use cdn_operator::reconcile::Leadership;
 use cdn_operator::runtime::leader::{Attempt, Config, Elector, Lost};
+use cdn_operator_testkit::{poll, racing};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, Patch, PatchParams};
 use kube_fake_client::interceptor::Funcs;
@@ -42,30 +43,14 @@ fn spec_holder(lease: &Lease) -> Option<String> {
     lease.spec.as_ref().unwrap().holder_identity.clone()
 }
 
+/// Waits until `check`, polled often: some tests time a takeover.
 async fn eventually(what: &str, within: Duration, check: impl Fn() -> bool) {
-    let start = Instant::now();
-    while !check() {
-        assert!(start.elapsed() < within, "{what}: not within {within:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-/// `client`, where each patch of a Lease waits until `racers` patches are under way: every
-/// candidate has read the Lease before any writes it, the worst interleaving.
-fn racing(client: kube::Client, racers: usize) -> kube::Client {
-    let barrier = Arc::new(tokio::sync::Barrier::new(racers));
-    let service = tower::service_fn(move |request: http::Request<kube::client::Body>| {
-        let (client, barrier) = (client.clone(), barrier.clone());
-        async move {
-            let lease_patch = request.method() == http::Method::PATCH
-                && request.uri().path().contains("/leases/");
-            if lease_patch {
-                barrier.wait().await;
-            }
-            client.send(request).await.map_err(tower::BoxError::from)
-        }
+    let polled = poll(within, Duration::from_millis(20), || async {
+        check().then_some(())
     });
-    kube::Client::new(service, "default")
+    polled
+        .await
+        .unwrap_or_else(|| panic!("{what}: not within {within:?}"));
 }
 
 #[tokio::test]

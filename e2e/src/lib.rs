@@ -5,7 +5,6 @@
 pub mod proxy;
 
 use cdn_operator::api::CdnCluster;
-use futures::Future;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -14,11 +13,14 @@ use kube::core::GroupVersionKind;
 use kube::discovery::pinned_kind;
 use kube::{Client, Config, Resource, ResourceExt};
 use serde_json::json;
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
+
+// The process handle, polling and metric parsing are the tests' (testkit/), shared.
+pub use cdn_operator_testkit::{eventually, Operator, Usage};
+use cdn_operator_testkit::{free_port, http_get, on_own_thread, poll};
 
 /// How long the API server gets to answer before the suite decides there is no cluster.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -91,31 +93,6 @@ pub async fn install_crds(client: &Client) {
     }
 }
 
-/// Polls `check` every 200 ms until it gives a value; panics naming `what` after `timeout`.
-pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        if Instant::now() >= deadline {
-            panic!("timed out after {timeout:?} waiting for {what}");
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
-/// A free loopback port: bound then released, for the operator's probe and metrics servers.
-pub fn free_port() -> SocketAddr {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free loopback port")
-}
-
 /// The operator binary: `CDN_OPERATOR_BIN`, else `target/debug/cdn-operator` of this workspace
 /// (built by `cargo build` or by `cargo test --workspace`, which builds the root package's binary).
 pub fn operator_binary() -> PathBuf {
@@ -175,41 +152,26 @@ pub struct OperatorOptions {
     pub args: Vec<String>,
 }
 
-/// A running operator process; killed when dropped.
-pub struct Operator {
-    pub identity: String,
-    pub child: Child,
-    pub log: PathBuf,
-    pub metrics: SocketAddr,
-    pub health: SocketAddr,
-}
-
-impl Operator {
-    /// Starts `cdn-operator run` with its logs in `dir`, and waits until its health endpoint
-    /// answers.
-    pub async fn start(identity: &str, dir: &Path, options: &OperatorOptions) -> Operator {
-        let metrics = free_port();
-        let health = free_port();
-        let log = dir.join(format!("{identity}.log"));
-        let file = std::fs::File::create(&log).expect("operator log file");
+impl OperatorOptions {
+    /// Starts `cdn-operator run` as `identity`, its output captured, and waits until its health
+    /// endpoint answers.
+    pub async fn start(&self, identity: &str) -> Operator {
+        let (health, metrics) = (free_port(), free_port());
         let mut command = Command::new(operator_binary());
         command
             .arg("run")
-            .arg(format!("--health-probe-bind-address={health}"))
-            .arg(format!("--metrics-bind-address={metrics}"))
+            .arg(format!("--health-probe-bind-address=127.0.0.1:{health}"))
+            .arg(format!("--metrics-bind-address=127.0.0.1:{metrics}"))
             .arg("--log-format=text")
             .env("POD_NAME", identity)
             .env(
                 "RUST_LOG",
                 std::env::var("E2E_OPERATOR_LOG").unwrap_or_else(|_| "info,kube=warn".into()),
-            )
-            .stdin(Stdio::null())
-            .stdout(file.try_clone().expect("log file"))
-            .stderr(file);
-        if let Some(namespace) = &options.namespace {
+            );
+        if let Some(namespace) = &self.namespace {
             command.arg(format!("--namespace={namespace}"));
         }
-        match &options.lease {
+        match &self.lease {
             None => {
                 command.arg("--leader-elect=false");
             }
@@ -221,195 +183,34 @@ impl Operator {
                     .env("POD_NAMESPACE", namespace);
             }
         }
-        if let Some(kubeconfig) = &options.kubeconfig {
+        if let Some(kubeconfig) = &self.kubeconfig {
             command.env("KUBECONFIG", kubeconfig);
         }
-        command.args(&options.args);
-        let child = command
-            .spawn()
-            .unwrap_or_else(|e| panic!("starting {}: {e}", operator_binary().display()));
-        let mut operator = Operator {
-            identity: identity.into(),
-            child,
-            log,
-            metrics,
-            health,
-        };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Ok(Some(status)) = operator.child.try_wait() {
+        command.args(&self.args);
+        let mut operator = Operator::spawn(identity, command);
+        (operator.probes, operator.metrics) = (health, metrics);
+        let healthy = poll(Duration::from_secs(30), Duration::from_millis(100), || {
+            if let Some(status) = operator.exited() {
                 panic!(
                     "operator {identity} exited at start ({status}):\n{}",
                     operator.logs()
                 );
             }
-            if http_get(health, "/healthz").is_some_and(|(code, _)| code == 200) {
-                return operator;
-            }
-            if Instant::now() >= deadline {
-                panic!(
-                    "operator {identity}: /healthz on {health} did not answer 200 within 30s:\n{}",
-                    operator.logs()
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-
-    pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    pub fn logs(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// Sends SIGTERM (a graceful stop: the leader releases its Lease).
-    pub fn terminate(&self) {
-        // SAFETY: kill(2) on the pid of a child this process started and has not reaped.
-        unsafe {
-            libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM);
-        }
-    }
-
-    /// Waits up to `timeout` for the process to exit; its exit status.
-    pub async fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                return Some(status);
-            }
-            if Instant::now() >= deadline {
-                return None;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    /// The operator's Prometheus exposition. Retried for a few seconds: the metrics server may
-    /// start listening a moment after the health server the start waited for.
-    pub fn metrics_text(&self) -> String {
-        let deadline = Instant::now() + Duration::from_secs(5);
-        loop {
-            match http_get(self.metrics, "/metrics") {
-                Some((200, body)) => return body,
-                other if Instant::now() >= deadline => panic!(
-                    "operator {}: GET /metrics on {} gave {:?}",
-                    self.identity,
-                    self.metrics,
-                    other.map(|(code, _)| code)
-                ),
-                _ => std::thread::sleep(Duration::from_millis(100)),
-            }
-        }
-    }
-
-    /// The sum of a metric's samples over all labels matching `labels` (e.g. `controller="cdncluster"`).
-    pub fn metric_sum(&self, name: &str, labels: &str) -> Option<f64> {
-        metric_sum(&self.metrics_text(), name, labels)
-    }
-
-    /// Resident memory of the process (VmRSS), in kibibytes.
-    pub fn rss_kib(&self) -> Option<u64> {
-        Usage::of(self.child.id()).map(|u| u.rss_kib)
-    }
-
-    /// The process's memory and CPU so far.
-    pub fn usage(&self) -> Option<Usage> {
-        Usage::of(self.child.id())
-    }
-}
-
-impl Drop for Operator {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
-
-/// VmRSS of a process, in kibibytes.
-/// What a process used so far, from /proc (with the procfs crate).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Usage {
-    /// VmRSS: resident memory now.
-    pub rss_kib: u64,
-    /// VmHWM: the peak of resident memory.
-    pub peak_rss_kib: u64,
-    /// User and system CPU time.
-    pub cpu_seconds: f64,
-}
-
-impl Usage {
-    pub fn of(pid: u32) -> Option<Usage> {
-        let process = procfs::process::Process::new(i32::try_from(pid).ok()?).ok()?;
-        let status = process.status().ok()?;
-        let stat = process.stat().ok()?;
-        Some(Usage {
-            rss_kib: status.vmrss?,
-            peak_rss_kib: status.vmhwm?,
-            cpu_seconds: (stat.utime + stat.stime) as f64 / procfs::ticks_per_second() as f64,
+            std::future::ready(
+                http_get(health, "/healthz")
+                    .is_some_and(|r| r.status == 200)
+                    .then_some(()),
+            )
         })
-    }
-}
-
-/// Sums the samples of `name` (exact metric name) whose label set contains `labels`. `None` when
-/// the exposition has no such series.
-pub fn metric_sum(text: &str, name: &str, labels: &str) -> Option<f64> {
-    let mut found = None;
-    for line in text.lines().filter(|l| !l.starts_with('#')) {
-        let (series, value) = match line.rsplit_once(' ') {
-            Some(parts) => parts,
-            None => continue,
-        };
-        let (metric, set) = match series.split_once('{') {
-            Some((m, rest)) => (m, rest.trim_end_matches('}')),
-            None => (series, ""),
-        };
-        if metric != name || !set.contains(labels) {
-            continue;
+        .await;
+        if healthy.is_none() {
+            panic!(
+                "operator {identity}: /healthz on port {health} did not answer 200 within 30s:\n{}",
+                operator.logs()
+            );
         }
-        if let Ok(v) = value.parse::<f64>() {
-            *found.get_or_insert(0.0) += v;
-        }
+        operator
     }
-    found
-}
-
-/// A plain HTTP/1.0 GET on loopback: (status code, body). HTTP/1.0 keeps the body unchunked.
-pub fn http_get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
-    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").ok()?;
-    let mut response = Vec::new();
-    stream.read_to_end(&mut response).ok()?;
-    let text = String::from_utf8_lossy(&response);
-    let (head, body) = text.split_once("\r\n\r\n")?;
-    let code = head.split_whitespace().nth(1)?.parse().ok()?;
-    let body = if head
-        .to_ascii_lowercase()
-        .contains("transfer-encoding: chunked")
-    {
-        dechunk(body)
-    } else {
-        body.to_string()
-    };
-    Some((code, body))
-}
-
-fn dechunk(mut body: &str) -> String {
-    let mut out = String::new();
-    while let Some((size, rest)) = body.split_once("\r\n") {
-        let size =
-            usize::from_str_radix(size.split(';').next().unwrap_or("").trim(), 16).unwrap_or(0);
-        if size == 0 || rest.len() < size {
-            break;
-        }
-        out.push_str(&rest[..size]);
-        body = rest[size..].trim_start_matches("\r\n");
-    }
-    out
 }
 
 /// One test's world: a client, a fresh namespace, the operators it started and the
@@ -478,7 +279,7 @@ impl Env {
     }
 
     pub async fn start_operator_with(&mut self, identity: &str, options: OperatorOptions) -> usize {
-        let operator = Operator::start(identity, self.dir.path(), &options).await;
+        let operator = options.start(identity).await;
         self.operators.push(operator);
         self.operators.len() - 1
     }
@@ -534,20 +335,20 @@ impl Env {
             .expect("the API server returns a CdnCluster"))
     }
 
+    /// The Events the operator published in the namespace, as the API server lists them.
+    async fn operator_events(&self) -> Vec<Event> {
+        let events = self.api::<Event>().list(&ListParams::default()).await;
+        let mut events = events.expect("listing Events").items;
+        events.retain(|e| {
+            e.reporting_controller.as_deref() == Some(cdn_operator::events::EVENT_REPORTER)
+        });
+        events
+    }
+
     /// The Events the operator published in the namespace, oldest first, as
     /// (object name, type, reason, note).
     pub async fn events(&self) -> Vec<(String, String, String, String)> {
-        let mut events: Vec<Event> = self
-            .api::<Event>()
-            .list(&ListParams::default())
-            .await
-            .expect("listing Events")
-            .items
-            .into_iter()
-            .filter(|e| {
-                e.reporting_controller.as_deref() == Some(cdn_operator::events::EVENT_REPORTER)
-            })
-            .collect();
+        let mut events = self.operator_events().await;
         events.sort_by_key(|e| {
             (
                 e.event_time.as_ref().map(|t| t.0),
@@ -571,15 +372,9 @@ impl Env {
     /// repeated Event (same type, reason, action, object and related object; the note is not
     /// compared) into one Event with `series.count`.
     pub async fn event_count(&self, name: &str, reason: &str) -> i32 {
-        self.api::<Event>()
-            .list(&ListParams::default())
+        self.operator_events()
             .await
-            .expect("listing Events")
-            .items
             .iter()
-            .filter(|e| {
-                e.reporting_controller.as_deref() == Some(cdn_operator::events::EVENT_REPORTER)
-            })
             .filter(|e| e.reason.as_deref() == Some(reason))
             .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
             .map(|e| e.series.as_ref().map_or(1, |s| s.count))
@@ -590,14 +385,7 @@ impl Env {
     pub fn logs(&self) -> String {
         self.operators
             .iter()
-            .map(|o| {
-                format!(
-                    "----- operator {} ({})\n{}",
-                    o.identity,
-                    o.log.display(),
-                    o.logs()
-                )
-            })
+            .map(|o| format!("----- operator {}\n{}", o.identity, o.logs()))
             .collect::<Vec<_>>()
             .join("\n")
     }
@@ -617,16 +405,8 @@ impl Drop for Env {
         self.operators.clear();
         let ns = self.ns.clone();
         let cluster_scoped = std::mem::take(&mut self.cluster_scoped);
-        // Drop cannot await, and the test's runtime may be the one dropping: clean up from a
-        // thread with a runtime of its own.
-        let cleanup = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("cleanup runtime");
-            runtime.block_on(cleanup(ns, cluster_scoped))
-        });
-        if let Ok(Err(error)) = cleanup.join() {
+        // Drop cannot await, and the test's runtime may be the one dropping.
+        if let Ok(Err(error)) = on_own_thread(cleanup(ns, cluster_scoped)) {
             eprintln!("e2e cleanup of {}: {error}", self.ns);
         }
     }
@@ -714,51 +494,19 @@ impl Drop for NamespaceGuard {
             return;
         }
         let namespaces = std::mem::take(&mut self.namespaces);
-        let done = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("cleanup runtime");
-            runtime.block_on(async {
-                for ns in namespaces {
-                    if let Err(error) = cleanup(ns.clone(), Vec::new()).await {
-                        eprintln!("cleanup of {ns}: {error}");
-                    }
+        let _ = on_own_thread(async move {
+            for ns in namespaces {
+                if let Err(error) = cleanup(ns.clone(), Vec::new()).await {
+                    eprintln!("cleanup of {ns}: {error}");
                 }
-            })
+            }
         });
-        let _ = done.join();
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn metric_sums_add_the_matching_series_only() {
-        let text =
-            "# HELP controller_runtime_reconcile Total number of reconciliations per controller.\n\
-# TYPE controller_runtime_reconcile counter\n\
-controller_runtime_reconcile_total{controller=\"cdncluster\",result=\"success\"} 7\n\
-controller_runtime_reconcile_total{controller=\"cdncluster\",result=\"error\"} 2\n\
-controller_runtime_reconcile_total{controller=\"at\",result=\"success\"} 5\n\
-controller_runtime_reconcile_errors_total{controller=\"cdncluster\"} 2\n\
-# EOF\n";
-        let sum = |labels| metric_sum(text, "controller_runtime_reconcile_total", labels);
-        assert_eq!(sum("controller=\"cdncluster\""), Some(9.0));
-        assert_eq!(sum("controller=\"at\""), Some(5.0));
-        assert_eq!(sum("controller=\"other\""), None);
-        assert_eq!(metric_sum(text, "controller_runtime_reconcile", ""), None);
-    }
-
-    #[test]
-    fn chunked_bodies_are_decoded() {
-        assert_eq!(
-            dechunk("5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n"),
-            "hello world"
-        );
-    }
 
     #[tokio::test]
     async fn the_impersonating_kubeconfig_keeps_the_credentials_and_adds_as() {

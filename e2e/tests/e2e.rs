@@ -4,6 +4,7 @@
 
 use cdn_operator::api::{At, CdnCluster, Phase, State};
 use cdn_operator_e2e::{eventually, fixture, Env, OperatorOptions};
+use cdn_operator_testkit::racing;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Service, ServiceAccount};
@@ -885,7 +886,9 @@ async fn leader_election_one_leads_the_other_takes_over_within_2s() {
         takeover <= Duration::from_secs(2),
         "{other} led {takeover:?} after SIGTERM to the leader"
     );
-    let exit = env.operators[lead].wait_exit(Duration::from_secs(30)).await;
+    let exit = env.operators[lead]
+        .exit_within(Duration::from_secs(30))
+        .await;
     assert!(
         exit.is_some_and(|s| s.success()),
         "the old leader exits cleanly on SIGTERM: {exit:?}"
@@ -927,23 +930,6 @@ fn shipped<'a>(manifests: &'a [serde_json::Value], kind: &str) -> &'a serde_json
         .iter()
         .find(|m| m["kind"] == kind)
         .unwrap_or_else(|| panic!("kustomize/base ships no {kind}"))
-}
-
-/// `client`, where each patch of a Lease waits until `racers` patches are under way: every
-/// candidate has read the Lease before any writes it, the worst interleaving.
-fn racing(client: kube::Client, racers: usize) -> kube::Client {
-    let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(racers));
-    let service = tower::service_fn(move |request: http::Request<kube::client::Body>| {
-        let (client, barrier) = (client.clone(), barrier.clone());
-        async move {
-            if request.method() == http::Method::PATCH && request.uri().path().contains("/leases/")
-            {
-                barrier.wait().await;
-            }
-            client.send(request).await.map_err(tower::BoxError::from)
-        }
-    });
-    kube::Client::new(service, "default")
 }
 
 #[tokio::test]

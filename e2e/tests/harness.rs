@@ -3,7 +3,7 @@
 //! addresses, arguments logged, a clean exit on SIGTERM), and the harness drives it as it drives
 //! the real operator.
 
-use cdn_operator_e2e::{run_flag, Operator, OperatorOptions};
+use cdn_operator_e2e::{run_flag, OperatorOptions};
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpListener;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -66,7 +66,6 @@ fn fake_operator(args: &[String]) {
 }
 
 async fn drive() {
-    let dir = tempfile::tempdir().unwrap();
     assert_eq!(
         run_flag(&["--retry-period", "--leader-election-retry-period"]).as_deref(),
         Some("--leader-election-retry-period")
@@ -79,7 +78,7 @@ async fn drive() {
         kubeconfig: None,
         args: vec!["--max-concurrent-reconciles=4".into()],
     };
-    let mut operator = Operator::start("fake", dir.path(), &options).await;
+    let mut operator = options.start("fake").await;
     let logs = operator.logs();
     for arg in [
         "run",
@@ -99,7 +98,7 @@ async fn drive() {
     );
     assert!(operator.rss_kib().is_some_and(|k| k > 0));
     operator.terminate();
-    let exit = operator.wait_exit(Duration::from_secs(10)).await;
+    let exit = operator.exit_within(Duration::from_secs(10)).await;
     assert!(exit.is_some_and(|s| s.success()), "clean exit: {exit:?}");
     assert!(operator.logs().contains("terminated by SIGTERM"));
 
@@ -107,7 +106,7 @@ async fn drive() {
         lease: Some(("ns2".into(), "lease-x".into())),
         ..Default::default()
     };
-    let operator = Operator::start("fake-elected", dir.path(), &elected).await;
+    let operator = elected.start("fake-elected").await;
     let logs = operator.logs();
     for arg in [
         "--leader-elect=true",

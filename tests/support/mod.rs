@@ -1,19 +1,21 @@
-//! The in-memory API (kube-fake-client) as the CdnCluster reconcile tests and the in-memory
-//! benchmark drive it: write requests logged, a write failed on demand, and the controller's
-//! caches filled from the API as its watches would fill them (the fake serves no watches).
+//! The in-memory API (kube-fake-client) as the reconcile tests and the in-memory benchmark drive
+//! it: every request logged at an HTTP front, a write refused on demand, the controllers' caches
+//! filled from the API as their watches would fill them (the fake serves no watches), and a
+//! clock the test sets.
 //!
-//! Included by `tests/cdncluster_reconcile.rs` (`mod support;`) and `benches/reconcile.rs`
-//! (`#[path]`); each uses part of it.
+//! Included by `tests/cdncluster_reconcile.rs`, `tests/at_reconcile.rs`, `tests/real_server.rs`
+//! (`mod support;`) and `benches/reconcile.rs` (`#[path]`); each uses part of it.
 #![allow(dead_code)]
 
 use cdn_operator::api::CdnCluster;
+use cdn_operator::at::Clock;
 use cdn_operator::cache::CachesReady;
 use cdn_operator::cdncluster::Context;
 use cdn_operator::events::Events;
 use cdn_operator::reconcile::Shared;
 use http_body_util::BodyExt;
 use kube::api::{Api, ListParams};
-use kube::runtime::reflector::{self, Store};
+use kube::runtime::reflector::{self, store::Writer, Store};
 use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 use kube_fake_client::ClientBuilder;
@@ -43,9 +45,97 @@ mod gvk {
     pub struct Spec {}
 }
 
-/// Every write request sent, in order: `create Event`, `patch Deployment foo-deployment`,
-/// `status CdnCluster foo`, `update Kind`, `replace-status name`.
-pub type WriteLog = Arc<Mutex<Vec<String>>>;
+/// One request the API received, as its HTTP front saw it.
+#[derive(Clone, Debug)]
+pub struct Request {
+    /// `get`, `list`, `create`, `patch`, `patch_status`, `replace`, `replace_status`, `delete`.
+    pub verb: &'static str,
+    /// The object's kind when the request body tells it (`""` otherwise).
+    pub kind: String,
+    /// The object's name: from the path, else from the body.
+    pub name: String,
+    /// An Event's reason.
+    pub reason: Option<String>,
+}
+
+impl Request {
+    fn of(method: &http::Method, path: &str, body: &[u8]) -> Request {
+        let body: serde_json::Value = match *method {
+            // Only these carry an object.
+            http::Method::POST | http::Method::PATCH | http::Method::PUT => {
+                serde_json::from_slice(body).unwrap_or_default()
+            }
+            _ => serde_json::Value::Null,
+        };
+        let field = |path: &[&str]| {
+            path.iter()
+                .try_fold(&body, |v, k| v.get(k))
+                .and_then(serde_json::Value::as_str)
+                .unwrap_or_default()
+                .to_string()
+        };
+        // /api/v1 or /apis/<group>/<version>, [namespaces/<namespace>], resource[/name[/sub]]
+        let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
+        let mut rest = &segments[if segments[0] == "api" { 2 } else { 3 }.min(segments.len())..];
+        if rest.len() > 2 && rest[0] == "namespaces" {
+            rest = &rest[2..];
+        }
+        let status = rest.get(2) == Some(&"status");
+        let verb = match (method.as_str(), rest.len() > 1, status) {
+            ("GET", true, _) => "get",
+            ("GET", false, _) => "list",
+            ("POST", _, _) => "create",
+            ("PATCH", _, false) => "patch",
+            ("PATCH", _, true) => "patch_status",
+            ("PUT", _, false) => "replace",
+            ("PUT", _, true) => "replace_status",
+            ("DELETE", _, _) => "delete",
+            _ => "other",
+        };
+        let kind = field(&["kind"]);
+        Request {
+            verb,
+            reason: (kind == "Event").then(|| field(&["reason"])),
+            kind,
+            name: rest
+                .get(1)
+                .map_or_else(|| field(&["metadata", "name"]), |n| n.to_string()),
+        }
+    }
+
+    /// Its line in the log of writes: `create Event`, `patch Deployment foo-deployment`,
+    /// `status CdnCluster foo`, `update Kind`, `replace-status name` (`?`: a body naming no
+    /// kind); `None` for reads and deletions.
+    pub fn entry(&self) -> Option<String> {
+        let kind = if self.kind.is_empty() {
+            "?"
+        } else {
+            &self.kind
+        };
+        let name = &self.name;
+        match self.verb {
+            "create" => Some(format!("create {kind}")),
+            "patch" => Some(format!("patch {kind} {name}")),
+            "patch_status" => Some(format!("status {kind} {name}")),
+            "replace" => Some(format!("update {kind}")),
+            "replace_status" => Some(format!("replace-status {name}")),
+            _ => None,
+        }
+    }
+
+    /// An Event published, or counted again in a series.
+    pub fn is_event(&self) -> bool {
+        self.kind == "Event" || self.reason.is_some()
+    }
+
+    /// A change to an object other than an Event.
+    pub fn is_write(&self) -> bool {
+        !matches!(self.verb, "get" | "list") && !self.is_event()
+    }
+}
+
+/// Every request sent, in order.
+pub type RequestLog = Arc<Mutex<Vec<Request>>>;
 
 /// A refusal to answer instead of the API: the writes whose log entry starts with `prefix` get
 /// this HTTP status and message, as a real API server words them.
@@ -54,41 +144,17 @@ pub struct Refuse {
     pub prefix: String,
     pub code: u16,
     pub message: String,
+    /// How many more to refuse; `None`: until [`FakeApi::accept`].
+    pub times: Option<usize>,
 }
 
 pub type Failure = Arc<Mutex<Option<Refuse>>>;
 
-/// An in-memory API that knows CdnClusters (status as a subresource), logs every write, and
-/// refuses writes on demand.
+/// An in-memory API in front of which every request is logged, and writes are refused on demand.
 pub struct FakeApi {
     pub client: Client,
-    pub writes: WriteLog,
+    pub requests: RequestLog,
     pub fail: Failure,
-}
-
-/// The log entry of a write request, from what the API server sees of it; `None` for reads.
-fn describe(method: &http::Method, path: &str, body: &[u8]) -> Option<String> {
-    let kind = || {
-        serde_json::from_slice::<serde_json::Value>(body)
-            .ok()
-            .and_then(|v| v.get("kind")?.as_str().map(String::from))
-            .unwrap_or_else(|| "?".into())
-    };
-    let segments: Vec<&str> = path.trim_end_matches('/').split('/').collect();
-    let status = segments.last() == Some(&"status");
-    let name = if status {
-        segments[segments.len() - 2]
-    } else {
-        segments[segments.len() - 1]
-    };
-    match (method.as_str(), status) {
-        ("POST", _) => Some(format!("create {}", kind())),
-        ("PATCH", false) => Some(format!("patch {} {name}", kind())),
-        ("PATCH", true) => Some(format!("status {} {name}", kind())),
-        ("PUT", false) => Some(format!("update {}", kind())),
-        ("PUT", true) => Some(format!("replace-status {name}")),
-        _ => None,
-    }
 }
 
 /// The API server's answer to a refused request: a `Status`.
@@ -108,38 +174,55 @@ fn refusal(refuse: &Refuse) -> http::Response<kube::client::Body> {
         .expect("a valid response")
 }
 
+/// Whether `entry` is refused now; counts the refusal.
+fn refused(fail: &Failure, entry: &str) -> Option<Refuse> {
+    let mut fail = fail.lock().unwrap();
+    let refuse = fail.clone().filter(|r| entry.starts_with(&r.prefix))?;
+    match refuse.times {
+        Some(1) => *fail = None,
+        Some(n) => fail.as_mut().unwrap().times = Some(n - 1),
+        None => {}
+    }
+    Some(refuse)
+}
+
 impl FakeApi {
     pub async fn new() -> FakeApi {
         FakeApi::with_objects(Vec::new()).await
     }
 
-    /// The in-memory API holding `objects` (JSON, as a real server returned them).
+    /// The in-memory API that knows CdnClusters (status as a subresource), holding `objects`
+    /// (JSON, as a real server returned them).
     pub async fn with_objects(objects: Vec<serde_json::Value>) -> FakeApi {
-        let writes = WriteLog::default();
+        FakeApi::over(
+            ClientBuilder::new()
+                .with_resource::<CdnCluster>()
+                .with_status_subresource::<gvk::CdnCluster>()
+                // A real server returns them; the operator tells drift by them.
+                .with_return_managed_fields()
+                .with_runtime_objects(objects),
+        )
+        .await
+    }
+
+    /// The in-memory API that `fake` builds, behind the front.
+    pub async fn over(fake: ClientBuilder) -> FakeApi {
+        let requests = RequestLog::default();
         let fail = Failure::default();
-        let fake = ClientBuilder::new()
-            .with_resource::<CdnCluster>()
-            .with_status_subresource::<gvk::CdnCluster>()
-            // A real server returns them; the operator tells drift by them.
-            .with_return_managed_fields()
-            .with_runtime_objects(objects)
-            .build()
-            .await
-            .expect("fake client");
+        let fake = fake.build().await.expect("fake client");
         // In front of the fake, as the network would be: every request passes here.
         let service = {
-            let (writes, fail) = (writes.clone(), fail.clone());
+            let (requests, fail) = (requests.clone(), fail.clone());
             tower::service_fn(move |request: http::Request<kube::client::Body>| {
-                let (fake, writes, fail) = (fake.clone(), writes.clone(), fail.clone());
+                let (fake, requests, fail) = (fake.clone(), requests.clone(), fail.clone());
                 async move {
                     let (parts, body) = request.into_parts();
                     let body = body.collect().await?.to_bytes();
-                    if let Some(entry) = describe(&parts.method, parts.uri.path(), &body) {
-                        writes.lock().unwrap().push(entry.clone());
-                        let refused = fail.lock().unwrap().clone();
-                        if let Some(refuse) = refused.filter(|r| entry.starts_with(&r.prefix)) {
-                            return Ok(refusal(&refuse));
-                        }
+                    let logged = Request::of(&parts.method, parts.uri.path(), &body);
+                    let entry = logged.entry();
+                    requests.lock().unwrap().push(logged);
+                    if let Some(refuse) = entry.and_then(|e| refused(&fail, &e)) {
+                        return Ok(refusal(&refuse));
                     }
                     let request = http::Request::from_parts(parts, body.to_vec().into());
                     fake.send(request).await.map_err(tower::BoxError::from)
@@ -148,17 +231,27 @@ impl FakeApi {
         };
         FakeApi {
             client: Client::new(service, "default"),
-            writes,
+            requests,
             fail,
         }
     }
 
     /// Refuses the writes whose log entry starts with `prefix` with `code` and `message`.
     pub fn refuse(&self, prefix: &str, code: u16, message: &str) {
+        self.refuse_times(prefix, code, message, None);
+    }
+
+    /// Refuses the next `times` writes whose log entry starts with `prefix`, then answers again.
+    pub fn refuse_next(&self, times: usize, prefix: &str, code: u16, message: &str) {
+        self.refuse_times(prefix, code, message, Some(times).filter(|&n| n > 0));
+    }
+
+    fn refuse_times(&self, prefix: &str, code: u16, message: &str, times: Option<usize>) {
         *self.fail.lock().unwrap() = Some(Refuse {
             prefix: prefix.into(),
             code,
             message: message.into(),
+            times,
         });
     }
 
@@ -167,9 +260,22 @@ impl FakeApi {
         *self.fail.lock().unwrap() = None;
     }
 
-    /// The writes logged since the last call.
+    /// The requests logged since the last [`Self::clear`] or [`Self::take_writes`].
+    pub fn requests(&self) -> Vec<Request> {
+        self.requests.lock().unwrap().clone()
+    }
+
+    /// Forgets the requests logged so far.
+    pub fn clear(&self) {
+        self.requests.lock().unwrap().clear();
+    }
+
+    /// The log entries of the writes since the last call (see [`Request::entry`]).
     pub fn take_writes(&self) -> Vec<String> {
-        std::mem::take(&mut *self.writes.lock().unwrap())
+        std::mem::take(&mut *self.requests.lock().unwrap())
+            .iter()
+            .filter_map(Request::entry)
+            .collect()
     }
 
     /// A cache of every `K` of every namespace, as the controller's watch fills it.
@@ -185,10 +291,11 @@ impl FakeApi {
     {
         let (reader, mut writer) = reflector::store();
         let api: Api<K> = Api::all(self.client.clone());
-        for mut obj in api.list(&ListParams::default()).await.expect("list") {
+        let mut objects = api.list(&ListParams::default()).await.expect("list").items;
+        for obj in &mut objects {
             obj.managed_fields_mut().clear();
-            writer.apply_watcher_event(&watcher::Event::Apply(obj));
         }
+        fill(&mut writer, objects);
         reader
     }
 
@@ -203,5 +310,45 @@ impl FakeApi {
             // The caches are filled by hand before each reconcile: no watch to wait for.
             writes_visible_within: std::time::Duration::ZERO,
         })
+    }
+}
+
+/// Sets what a cache shows, replacing all it showed, as a watch's (re)list does.
+pub fn fill<K>(writer: &mut Writer<K>, objects: Vec<K>)
+where
+    K: Resource + Clone,
+    K::DynamicType: Clone + Eq + std::hash::Hash + Default,
+{
+    writer.apply_watcher_event(&watcher::Event::Init);
+    for object in objects {
+        writer.apply_watcher_event(&watcher::Event::InitApply(object));
+    }
+    writer.apply_watcher_event(&watcher::Event::InitDone);
+}
+
+/// A clock the test sets, for the At controller.
+pub struct TestClock(Mutex<jiff::Timestamp>);
+
+impl TestClock {
+    /// At `now` (RFC 3339).
+    pub fn at(now: &str) -> Arc<TestClock> {
+        Arc::new(TestClock(Mutex::new(
+            now.parse().expect("an RFC 3339 time"),
+        )))
+    }
+
+    pub fn set(&self, now: jiff::Timestamp) {
+        *self.0.lock().unwrap() = now;
+    }
+
+    pub fn advance(&self, by: std::time::Duration) {
+        let mut now = self.0.lock().unwrap();
+        *now += jiff::SignedDuration::try_from(by).unwrap();
+    }
+}
+
+impl Clock for TestClock {
+    fn now(&self) -> jiff::Timestamp {
+        *self.0.lock().unwrap()
     }
 }

@@ -261,7 +261,7 @@ async fn main() -> ExitCode {
             args.max_concurrent_reconciles
         )],
     };
-    let mut operator = Operator::start("bench", dir.path(), &options).await;
+    let mut operator = options.start("bench").await;
     settle(&proxy, Duration::from_secs(2), Duration::from_secs(60)).await;
     let startup = proxy.counts();
     let reconciles = |op: &Operator| {
@@ -438,7 +438,7 @@ async fn main() -> ExitCode {
         cpu(at_steady, at_end),
     );
     operator.terminate();
-    let exit = operator.wait_exit(Duration::from_secs(30)).await;
+    let exit = operator.exit_within(Duration::from_secs(30)).await;
     drop(operator);
 
     // 4. Baseline: the same applies from one client, no operator running.

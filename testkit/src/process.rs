@@ -1,0 +1,239 @@
+//! The operator process under test (or what stands in for it): started from a prepared
+//! command, its output captured, signalled, waited for, scraped, and killed when dropped.
+
+use crate::http::{http_get, Reply};
+use crate::metrics::metric_sum;
+use crate::wait::{blocking, poll};
+use std::io::{BufRead, BufReader, Read};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+pub use libc::{SIGINT, SIGTERM};
+
+/// A signal number, as kill(2) takes it.
+pub type Signal = libc::c_int;
+
+/// What the process wrote, line by line.
+#[derive(Default)]
+struct Output {
+    stdout: String,
+    stderr: String,
+    /// Both, in the order the lines arrived (as a shared log file would hold them).
+    both: String,
+}
+
+/// A running process; killed when dropped.
+pub struct Operator {
+    /// Its name in messages (and its POD_NAME in the end-to-end suite).
+    pub identity: String,
+    child: Child,
+    /// Where it serves probes and metrics, once known.
+    pub probes: u16,
+    pub metrics: u16,
+    output: Arc<Mutex<Output>>,
+    readers: Vec<JoinHandle<()>>,
+}
+
+impl Operator {
+    /// Spawns `command` with stdin closed and stdout and stderr captured.
+    pub fn spawn(identity: &str, mut command: Command) -> Operator {
+        let mut child = command
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {:?}: {e}", command.get_program()));
+        let output = Arc::new(Mutex::new(Output::default()));
+        let readers = vec![
+            collect(child.stdout.take().unwrap(), &output, |o| &mut o.stdout),
+            collect(child.stderr.take().unwrap(), &output, |o| &mut o.stderr),
+        ];
+        Operator {
+            identity: identity.into(),
+            child,
+            probes: 0,
+            metrics: 0,
+            output,
+            readers,
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn stdout(&self) -> String {
+        self.output.lock().unwrap().stdout.clone()
+    }
+
+    pub fn stderr(&self) -> String {
+        self.output.lock().unwrap().stderr.clone()
+    }
+
+    /// stdout and stderr together, in the order written.
+    pub fn logs(&self) -> String {
+        self.output.lock().unwrap().both.clone()
+    }
+
+    /// Its exit status, if it has exited.
+    pub fn exited(&mut self) -> Option<ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
+    /// Sends `signal` (SIGTERM, SIGINT).
+    pub fn signal(&self, signal: Signal) {
+        // SAFETY: kill(2) on the pid of a child this process started and has not reaped.
+        let sent = unsafe { libc::kill(self.child.id() as libc::pid_t, signal) };
+        assert_eq!(sent, 0, "kill {signal} {}", self.child.id());
+    }
+
+    /// Sends SIGTERM: a graceful stop.
+    pub fn terminate(&self) {
+        self.signal(SIGTERM);
+    }
+
+    /// Waits up to `within` for the process to exit, then for its output to be read to the end.
+    pub async fn exit_within(&mut self, within: Duration) -> Option<ExitStatus> {
+        let child = &mut self.child;
+        let status = poll(within, Duration::from_millis(20), || {
+            std::future::ready(child.try_wait().ok().flatten())
+        })
+        .await?;
+        // The pipes close with the process: the readers end.
+        for reader in self.readers.drain(..) {
+            let _ = reader.join();
+        }
+        Some(status)
+    }
+
+    /// [`Self::exit_within`] for a synchronous test: panics, with stderr, when it does not exit.
+    pub fn wait_exit(&mut self, within: Duration) -> ExitStatus {
+        blocking(self.exit_within(within))
+            .unwrap_or_else(|| panic!("no exit within {within:?}; stderr:\n{}", self.stderr()))
+    }
+
+    /// Polls `check` every 50 ms for a synchronous test; panics, with the output, when the
+    /// process exits first or `within` passes.
+    pub fn wait_for(
+        &mut self,
+        what: &str,
+        within: Duration,
+        mut check: impl FnMut(&mut Self) -> bool,
+    ) {
+        let done = blocking(poll(within, Duration::from_millis(50), || {
+            let done = check(self);
+            if let (false, Some(status)) = (done, self.exited()) {
+                panic!(
+                    "{what}: the operator exited ({status}); stderr:\n{}\nstdout:\n{}",
+                    self.stderr(),
+                    self.stdout()
+                );
+            }
+            std::future::ready(done.then_some(()))
+        }));
+        assert!(
+            done.is_some(),
+            "{what}: not within {within:?}; stderr:\n{}\nstdout:\n{}",
+            self.stderr(),
+            self.stdout()
+        );
+    }
+
+    /// A GET on one of its ports.
+    pub fn get(&self, port: u16, path: &str) -> Option<Reply> {
+        http_get(port, path)
+    }
+
+    /// Its exposition now; empty when the metrics server does not answer.
+    pub fn scrape(&self) -> String {
+        self.get(self.metrics, "/metrics")
+            .map(|r| r.body)
+            .unwrap_or_default()
+    }
+
+    /// Its exposition, retried for a few seconds: the metrics server may start listening a
+    /// moment after the health server. Panics when it never answers 200.
+    pub fn metrics_text(&self) -> String {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            match self.get(self.metrics, "/metrics") {
+                Some(reply) if reply.status == 200 => return reply.body,
+                other if Instant::now() >= deadline => panic!(
+                    "operator {}: GET /metrics on port {} gave {:?}",
+                    self.identity,
+                    self.metrics,
+                    other.map(|r| r.status)
+                ),
+                _ => std::thread::sleep(Duration::from_millis(100)),
+            }
+        }
+    }
+
+    /// The sum of a metric's samples over all labels matching `labels` (e.g. `controller="cdncluster"`).
+    pub fn metric_sum(&self, name: &str, labels: &str) -> Option<f64> {
+        metric_sum(&self.metrics_text(), name, labels)
+    }
+
+    /// Resident memory of the process (VmRSS), in kibibytes.
+    pub fn rss_kib(&self) -> Option<u64> {
+        self.usage().map(|u| u.rss_kib)
+    }
+
+    /// The process's memory and CPU so far.
+    pub fn usage(&self) -> Option<Usage> {
+        Usage::of(self.child.id())
+    }
+}
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Reads `pipe` line by line into its part of `output` (chosen by `part`) and into `both`.
+fn collect(
+    pipe: impl Read + Send + 'static,
+    output: &Arc<Mutex<Output>>,
+    part: fn(&mut Output) -> &mut String,
+) -> JoinHandle<()> {
+    let output = output.clone();
+    std::thread::spawn(move || {
+        for line in BufReader::new(pipe).lines() {
+            let Ok(line) = line else { break };
+            let mut output = output.lock().unwrap();
+            let line = format!("{line}\n");
+            part(&mut output).push_str(&line);
+            output.both.push_str(&line);
+        }
+    })
+}
+
+/// What a process used so far, from /proc (with the procfs crate).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Usage {
+    /// VmRSS: resident memory now.
+    pub rss_kib: u64,
+    /// VmHWM: the peak of resident memory.
+    pub peak_rss_kib: u64,
+    /// User and system CPU time.
+    pub cpu_seconds: f64,
+}
+
+impl Usage {
+    pub fn of(pid: u32) -> Option<Usage> {
+        let process = procfs::process::Process::new(i32::try_from(pid).ok()?).ok()?;
+        let status = process.status().ok()?;
+        let stat = process.stat().ok()?;
+        Some(Usage {
+            rss_kib: status.vmrss?,
+            peak_rss_kib: status.vmhwm?,
+            cpu_seconds: (stat.utime + stat.stime) as f64 / procfs::ticks_per_second() as f64,
+        })
+    }
+}
