@@ -13,6 +13,8 @@ struct Cli {
 enum Command {
     /// Run the controllers against the cluster of KUBECONFIG, or the in-cluster config.
     Run(Box<cdn_operator::run::Args>),
+    /// Print the children the operator would create for some manifests (no cluster needed).
+    Render(cdn_operator::cli::render::Args),
     /// Print the CustomResourceDefinitions as YAML, generated from the code.
     Crd,
     /// Print the version.
@@ -48,5 +50,6 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::Run(args) => cdn_operator::run::main(*args),
+        Command::Render(args) => cdn_operator::cli::render::main(args),
     }
 }
