@@ -15,6 +15,8 @@ enum Command {
     Run(Box<cdn_operator::run::Args>),
     /// Print the children the operator would create for some manifests (no cluster needed).
     Render(cdn_operator::cli::render::Args),
+    /// Show the topology: balancers → caches → origins, with each cluster's state.
+    Graph(cdn_operator::cli::graph::Args),
     /// Print the CustomResourceDefinitions as YAML, generated from the code.
     Crd,
     /// Print the version.
@@ -51,5 +53,6 @@ fn main() -> ExitCode {
         }
         Command::Run(args) => cdn_operator::run::main(*args),
         Command::Render(args) => cdn_operator::cli::render::main(args),
+        Command::Graph(args) => cdn_operator::cli::graph::main(args),
     }
 }

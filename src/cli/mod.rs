@@ -1,7 +1,8 @@
 //! The offline and read-only commands for the people who run the CDN: `render` (the children the
-//! operator would create, for review). It uses the controllers' own build steps, so what it shows
-//! is what the operator does.
+//! operator would create, for review) and `graph` (the topology). Both use the controllers' own
+//! build steps, so what they show is what the operator does.
 
+pub mod graph;
 pub mod manifests;
 pub mod render;
 
