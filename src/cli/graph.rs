@@ -29,7 +29,7 @@ could not be listed; 2 usage error.")]
 pub struct Args {
     /// Manifests instead of the cluster: files, directories (their .yaml, .yml and .json files),
     /// or - for stdin.
-    #[arg(short = 'f', long = "filename", value_name = "FILE")]
+    #[arg(short = 'f', long = "filename", value_name = "FILE", num_args = 1..)]
     pub files: Vec<PathBuf>,
 
     /// Namespace to show: from the cluster, default the kubeconfig's; with -f, the namespace of

@@ -24,11 +24,12 @@ diff against live objects shows those lines too. Manifests exported from the clu
 (`kubectl get cdn -o yaml`) carry their uids and render exactly what the operator applies, bar its
 applied-hash annotation.
 
-Exit status: 0 rendered; 1 a spec the operator would not deploy (the message of its Ready
-condition on stderr, and nothing on stdout), or unreadable input; 2 usage error.")]
+Exit status: 0 rendered; 1 a spec the operator would not deploy (on stderr, the message its Ready
+condition would carry, Scheduled for an At; nothing on stdout), or unreadable input; 2 usage
+error.")]
 pub struct Args {
     /// Manifests: files, directories (their .yaml, .yml and .json files), or - for stdin.
-    #[arg(short = 'f', long = "filename", value_name = "FILE", required = true)]
+    #[arg(short = 'f', long = "filename", value_name = "FILE", required = true, num_args = 1..)]
     pub files: Vec<PathBuf>,
 
     /// Namespace of the objects whose manifest names none (default: default).
