@@ -413,7 +413,9 @@ fn tree(
         let _ = write!(out, "{indent}{branch}{label} → ");
         match &edge.target {
             Target::Cluster(name) => {
+                // Targets are resolved among these very nodes.
                 let Some(child) = nodes.iter().find(|n| &n.name == name) else {
+                    let _ = writeln!(out, "{name}");
                     continue;
                 };
                 if path.contains(name) {
