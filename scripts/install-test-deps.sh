@@ -9,6 +9,11 @@ command -v nginx >/dev/null 2>&1 || apt_packages+=(nginx-light)
 command -v promtool >/dev/null 2>&1 || apt_packages+=(prometheus)
 # openssl makes the CA and certificate of the TLS tracing test.
 command -v openssl >/dev/null 2>&1 || apt_packages+=(openssl)
+# Graphviz's dot lays out the DOT output of `cdn-operator graph` (tests/graph.rs).
+command -v dot >/dev/null 2>&1 || apt_packages+=(graphviz)
+# The browser in which the Mermaid CLI renders `cdn-operator graph -o mermaid`: puppeteer's own
+# browser download is out of reach, Debian's chromium is not.
+command -v chromium >/dev/null 2>&1 || apt_packages+=(chromium)
 
 if [ ${#apt_packages[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
@@ -32,4 +37,10 @@ if ! python3 -c 'import grpc, opentelemetry.proto' >/dev/null 2>&1; then
   # Debian's own python3 refuses system-wide installs (PEP 668) unless told otherwise.
   python3 -m pip install -q opentelemetry-proto grpcio 2>/dev/null \
     || python3 -m pip install -q --break-system-packages opentelemetry-proto grpcio
+fi
+
+# The Mermaid CLI (tests/graph.rs), pinned; it drives Debian's chromium, so puppeteer downloads none.
+if ! command -v mmdc >/dev/null 2>&1; then
+  PUPPETEER_SKIP_DOWNLOAD=1 npm install -g -q --no-audit --no-fund \
+    @mermaid-js/mermaid-cli@11.12.0 puppeteer@23.11.1 >/dev/null
 fi

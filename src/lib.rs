@@ -6,6 +6,7 @@ pub mod apply;
 pub mod at;
 pub mod cache;
 pub mod cdncluster;
+pub mod cli;
 pub mod client;
 pub mod compact;
 pub mod conditions;

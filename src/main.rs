@@ -13,6 +13,10 @@ struct Cli {
 enum Command {
     /// Run the controllers against the cluster of KUBECONFIG, or the in-cluster config.
     Run(Box<cdn_operator::run::Args>),
+    /// Print the children the operator would create for some manifests (no cluster needed).
+    Render(cdn_operator::cli::render::Args),
+    /// Show the topology: balancers → caches → origins, with each cluster's state.
+    Graph(cdn_operator::cli::graph::Args),
     /// Print the CustomResourceDefinitions as YAML, generated from the code.
     Crd,
     /// Print the version.
@@ -48,5 +52,7 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::Run(args) => cdn_operator::run::main(*args),
+        Command::Render(args) => cdn_operator::cli::render::main(args),
+        Command::Graph(args) => cdn_operator::cli::graph::main(args),
     }
 }

@@ -316,6 +316,34 @@ async fn the_seed_example_runs_at_once() {
     let pods = h.pods().await;
     assert_eq!(pods.len(), 1);
     assert_eq!(pods[0].name_any(), "example-at-pod");
+
+    // `cdn-operator render` prints this very pod for the At as the cluster has it, but for what
+    // the server and the apply bookkeeping add.
+    let exported = cdn_operator::cli::manifests::Manifests {
+        ats: vec![h.at("example-at").await],
+        ..Default::default()
+    };
+    let rendered = cdn_operator::cli::render::render(&exported).expect("a valid At");
+    let mut created = serde_json::to_value(&pods[0]).unwrap();
+    created.as_object_mut().unwrap().remove("status");
+    let metadata = created["metadata"].as_object_mut().unwrap();
+    for server_field in [
+        "managedFields",
+        "resourceVersion",
+        "uid",
+        "creationTimestamp",
+        "generation",
+    ] {
+        metadata.remove(server_field);
+    }
+    let annotations = metadata.remove("annotations").unwrap_or_default();
+    let keys: Vec<&String> = annotations
+        .as_object()
+        .into_iter()
+        .flat_map(|a| a.keys())
+        .collect();
+    assert_eq!(keys, [cdn_operator::apply::APPLIED_HASH_ANNOTATION]);
+    assert_eq!(created, serde_json::to_value(&rendered.pods[0]).unwrap());
 }
 
 #[tokio::test]

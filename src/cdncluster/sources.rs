@@ -176,7 +176,7 @@ fn check_regex(regex: &str) -> Result<(), String> {
 
 /// The first cycle through `cluster` found by following CdnCluster sources, as a path of names
 /// that starts and ends with `cluster`'s name.
-fn find_cycle<F>(cluster: &CdnCluster, lookup: &F) -> Option<Vec<String>>
+pub fn find_cycle<F>(cluster: &CdnCluster, lookup: &F) -> Option<Vec<String>>
 where
     F: Fn(&str) -> Option<Arc<CdnCluster>>,
 {

@@ -110,8 +110,8 @@ pub fn desired(cluster: &CdnCluster, observed: Observed<'_>, now: &Time) -> CdnC
     };
     use ConditionStatus::{False, True};
     let state = match observed {
-        Observed::Problem(Problem::Missing(names)) => {
-            let message = source_not_found(&names[0]);
+        Observed::Problem(problem @ Problem::Missing(_)) => {
+            let message = describe(problem);
             set(SOURCES_READY, False, "SourceNotFound", message.clone());
             set(READY, False, "WaitingSource", message.clone());
             set(RECONCILING, True, "WaitingSource", message);
@@ -123,11 +123,12 @@ pub fn desired(cluster: &CdnCluster, observed: Observed<'_>, now: &Time) -> CdnC
             );
             State::WaitingSource
         }
-        Observed::Problem(Problem::Invalid(message)) => {
+        Observed::Problem(problem @ Problem::Invalid(_)) => {
+            let message = describe(problem);
             set(SOURCES_READY, False, "InvalidSpec", message.clone());
             set(READY, False, "InvalidSpec", message.clone());
             set(RECONCILING, False, "InvalidSpec", message.clone());
-            set(STALLED, True, "InvalidSpec", message.clone());
+            set(STALLED, True, "InvalidSpec", message);
             State::Invalid
         }
         Observed::Refused(refusal) => {
@@ -193,6 +194,15 @@ fn cluster_reference(name: &str, namespace: Option<String>) -> ObjectReference {
         name: Some(name.into()),
         namespace,
         ..ObjectReference::default()
+    }
+}
+
+/// The message of the Ready condition (and of `cdn-operator render`) for a cluster that cannot be
+/// deployed: the first missing source, as the seed words it, or why the spec is invalid.
+pub fn describe(problem: &Problem) -> String {
+    match problem {
+        Problem::Missing(names) => source_not_found(&names[0]),
+        Problem::Invalid(message) => message.clone(),
     }
 }
 

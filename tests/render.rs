@@ -1,0 +1,307 @@
+//! `cdn-operator render`: golden outputs of the real binary for the seed examples and an invalid
+//! topology, and the proof that it is what the controller applies: the seed examples reconciled
+//! against the in-memory API give the very objects render prints.
+
+mod golden;
+mod support;
+
+use cdn_operator::api::CdnCluster;
+use cdn_operator::apply::APPLIED_HASH_ANNOTATION;
+use cdn_operator::cdncluster::{self, build, status};
+use cdn_operator::cli::manifests::Manifests;
+use cdn_operator::cli::render::render;
+use cdn_operator::events::Events;
+use golden::{cdn_operator, check, input, path, seed_examples};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service};
+use kube::api::{Api, ListParams, PostParams};
+use kube::{Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use serde_json::Value;
+use std::sync::Arc;
+
+#[test]
+fn the_seed_examples_render_as_golden() {
+    let seed = seed_examples();
+    let run = cdn_operator(&["render", "-f", path(&seed)], "");
+    assert_eq!((run.code, run.stderr.as_str()), (0, ""));
+    check("render-seed.yaml", &run.stdout);
+
+    let run = cdn_operator(&["render", "--nginx-only", "-f", path(&seed)], "");
+    assert_eq!((run.code, run.stderr.as_str()), (0, ""));
+    check("render-seed-nginx.conf", &run.stdout);
+}
+
+#[test]
+fn the_output_is_a_stream_of_whole_kubernetes_objects() {
+    let run = cdn_operator(&["render", "-f", path(&seed_examples())], "");
+    let mut kinds = Vec::new();
+    for document in serde_yaml::Deserializer::from_str(&run.stdout) {
+        let value: Value = serde::Deserialize::deserialize(document).unwrap();
+        let kind = value["kind"].as_str().unwrap().to_string();
+        let api_version = value["apiVersion"].as_str().unwrap();
+        let name = value["metadata"]["name"].as_str().unwrap().to_string();
+        assert_eq!(value["metadata"]["namespace"], "default", "{kind} {name}");
+        // Each parses as its type, and says nothing the type does not know.
+        let typed = match kind.as_str() {
+            "ConfigMap" => roundtrip::<ConfigMap>(&value),
+            "Service" => roundtrip::<Service>(&value),
+            "Deployment" => roundtrip::<Deployment>(&value),
+            "Pod" => roundtrip::<Pod>(&value),
+            other => panic!("unexpected kind {other}"),
+        };
+        assert_eq!(typed, value, "{kind} {name}");
+        assert!(matches!(api_version, "v1" | "apps/v1"));
+        kinds.push(format!("{kind} {name}"));
+    }
+    assert_eq!(
+        kinds,
+        [
+            "ConfigMap balancer-nginx",
+            "Service balancer",
+            "Deployment balancer-deployment",
+            "ConfigMap cache-live-nginx",
+            "Service cache-live",
+            "Deployment cache-live-deployment",
+            "ConfigMap cache-vod-nginx",
+            "Service cache-vod",
+            "Deployment cache-vod-deployment",
+            "Pod example-at-pod",
+        ]
+    );
+    // An unapplied manifest has no uid to own its children by.
+    assert!(!run.stdout.contains("ownerReferences"));
+}
+
+fn roundtrip<K: Serialize + DeserializeOwned>(value: &Value) -> Value {
+    let typed: K = serde_json::from_value(value.clone()).unwrap();
+    serde_json::to_value(typed).unwrap()
+}
+
+#[test]
+fn an_invalid_topology_exits_1_with_the_condition_messages_and_prints_nothing() {
+    let run = cdn_operator(&["render", "-f", path(&input("invalid-topology.yaml"))], "");
+    assert_eq!(run.code, 1);
+    assert_eq!(run.stdout, "", "nothing to pipe into kubectl diff");
+    check("render-invalid.stderr", &run.stderr);
+}
+
+#[tokio::test]
+async fn the_messages_are_those_of_the_ready_condition() {
+    let manifests = Manifests::read(&[input("invalid-topology.yaml")], None, std::io::empty())
+        .expect("readable");
+    let problems = render(&manifests).unwrap_err();
+
+    let fake = support::FakeApi::new().await;
+    let api: Api<CdnCluster> = Api::namespaced(fake.client.clone(), "default");
+    for cluster in &manifests.clusters {
+        api.create(&PostParams::default(), cluster).await.unwrap();
+    }
+    let events = Events::new(fake.client.clone(), Some("test".into()));
+    let mut conditions = Vec::new();
+    for cluster in &manifests.clusters {
+        let name = cluster.name_any();
+        let fresh = Arc::new(api.get(&name).await.unwrap());
+        cdncluster::reconcile(fresh, fake.context(events.clone()).await)
+            .await
+            .unwrap();
+        let status = api.get(&name).await.unwrap().status.unwrap();
+        // Deploying is not a problem: render prints the children of that one.
+        let ready = status.conditions.iter().find(|c| c.type_ == status::READY);
+        if let Some(ready) = ready.filter(|c| c.reason != "Deploying") {
+            conditions.push(format!("CdnCluster default/{name}: {}", ready.message));
+        }
+    }
+    assert_eq!(problems, conditions);
+}
+
+#[test]
+fn stdin_and_the_namespace_flag() {
+    let seed = std::fs::read_to_string(seed_examples().join("cdncluster-cache-live.yaml")).unwrap();
+    let run = cdn_operator(
+        &["render", "-n", "team-a", "--nginx-only", "-f", "-"],
+        &seed,
+    );
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert!(run
+        .stdout
+        .starts_with("# nginx configuration of CdnCluster team-a/cache-live (role cache)"));
+
+    // A source is looked up in its own namespace only.
+    let balancer =
+        std::fs::read_to_string(seed_examples().join("cdncluster-balancer.yaml")).unwrap();
+    let other = seed.replace("name: cache-live", "name: cache-live\n  namespace: other");
+    let run = cdn_operator(&["render", "-f", "-"], &format!("{balancer}\n---\n{other}"));
+    assert_eq!(run.code, 1);
+    assert_eq!(
+        run.stderr,
+        "cdn-operator: CdnCluster default/balancer: Source cache-live not found, will retry later\n"
+    );
+}
+
+#[test]
+fn other_kinds_are_skipped_with_a_note() {
+    let input = "apiVersion: v1\nkind: Namespace\nmetadata: {name: cdn}\n";
+    let run = cdn_operator(&["render", "-f", "-"], input);
+    assert_eq!(run.code, 0);
+    assert_eq!(run.stdout, "");
+    assert_eq!(
+        run.stderr,
+        "cdn-operator: skipped Namespace cdn (v1): neither a CdnCluster nor an At\n"
+    );
+}
+
+#[test]
+fn exit_codes_tell_usage_from_input_errors() {
+    let usage = cdn_operator(&["render"], "");
+    assert_eq!(usage.code, 2, "{}", usage.stderr);
+    let missing = cdn_operator(&["render", "-f", "/nonexistent/cdn.yaml"], "");
+    assert_eq!(missing.code, 1);
+    assert!(
+        missing
+            .stderr
+            .starts_with("cdn-operator: cannot read /nonexistent/cdn.yaml: "),
+        "{}",
+        missing.stderr
+    );
+    let bad = cdn_operator(
+        &["render", "-f", "-"],
+        "apiVersion: cluster.anevia.com/v1\nkind: CdnCluster\nmetadata: {name: a}\nspec: {role: proxy, sources: []}\n",
+    );
+    assert_eq!(bad.code, 1);
+    assert!(
+        bad.stderr
+            .starts_with("cdn-operator: stdin: document 1: CdnCluster \"a\" is not valid: "),
+        "{}",
+        bad.stderr
+    );
+    assert_eq!(bad.stderr.lines().count(), 1);
+}
+
+/// The seed examples reconciled against the in-memory API: what the controller applied is, field
+/// for field, what render prints for the same objects (as `kubectl get -o yaml` gives them, uids
+/// included); from the unapplied manifests, render differs only where a uid is needed.
+#[tokio::test]
+async fn render_prints_what_the_reconcile_applies() {
+    let files = Manifests::read(&[seed_examples()], None, std::io::empty()).unwrap();
+    let fake = support::FakeApi::new().await;
+    let api: Api<CdnCluster> = Api::namespaced(fake.client.clone(), "default");
+    for cluster in &files.clusters {
+        api.create(&PostParams::default(), cluster).await.unwrap();
+    }
+    let events = Events::new(fake.client.clone(), Some("test".into()));
+    for cluster in &files.clusters {
+        let fresh = Arc::new(api.get(&cluster.name_any()).await.unwrap());
+        cdncluster::reconcile(fresh, fake.context(events.clone()).await)
+            .await
+            .expect("reconcile");
+    }
+
+    let mut live = api.list(&ListParams::default()).await.unwrap().items;
+    // In the order of the files, to compare with their rendering.
+    live.sort_by_key(|c| {
+        files
+            .clusters
+            .iter()
+            .position(|f| f.name_any() == c.name_any())
+    });
+    let exported = Manifests {
+        clusters: live,
+        ..Manifests::default()
+    };
+    let rendered = render(&exported).expect("the seed examples are valid");
+    assert_eq!(rendered.clusters.len(), 3);
+    for children in &rendered.clusters {
+        assert_applied(&fake, &children.config_map).await;
+        assert_applied(&fake, &children.service).await;
+        assert_applied(&fake, &children.deployment).await;
+    }
+
+    // From the files: no uid, so no owner and no source revision; nothing else differs.
+    let from_files = render(&files).unwrap();
+    for (offline, exported) in from_files.clusters.iter().zip(&rendered.clusters) {
+        assert_eq!(
+            without_uids(&offline.config_map),
+            without_uids(&exported.config_map)
+        );
+        assert_eq!(
+            without_uids(&offline.service),
+            without_uids(&exported.service)
+        );
+        assert_eq!(
+            without_uids(&offline.deployment),
+            without_uids(&exported.deployment)
+        );
+        assert!(offline.deployment.owner_references().is_empty());
+        assert!(!exported.deployment.owner_references().is_empty());
+    }
+    let balancer = |r: &cdn_operator::cli::render::Rendered| r.nginx();
+    assert!(balancer(&rendered).contains("# source cache-live (revision "));
+    assert!(!balancer(&from_files).contains("(revision "));
+}
+
+/// The object the API holds under `desired`'s name, without what the server and the apply
+/// bookkeeping add, equals `desired`.
+async fn assert_applied<K>(fake: &support::FakeApi, desired: &K)
+where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + Serialize
+        + DeserializeOwned
+        + std::fmt::Debug,
+{
+    let api: Api<K> = Api::namespaced(fake.client.clone(), "default");
+    let applied = api.get(&desired.name_any()).await.expect("applied");
+    let mut applied = serde_json::to_value(applied).unwrap();
+    let metadata = applied["metadata"].as_object_mut().unwrap();
+    for server_field in [
+        "managedFields",
+        "resourceVersion",
+        "uid",
+        "creationTimestamp",
+        "generation",
+    ] {
+        metadata.remove(server_field);
+    }
+    let annotations = metadata["annotations"].as_object_mut().unwrap();
+    assert!(annotations.remove(APPLIED_HASH_ANNOTATION).is_some());
+    if annotations.is_empty() {
+        metadata.remove("annotations");
+    }
+    assert_eq!(
+        applied,
+        serde_json::to_value(desired).unwrap(),
+        "{} {}",
+        K::kind(&()),
+        desired.name_any()
+    );
+}
+
+/// `object` as JSON without what needs the uids: ownerReferences, the source revisions of the
+/// nginx configuration, and the hash of that configuration.
+fn without_uids<K: Serialize>(object: &K) -> Value {
+    let mut value = serde_json::to_value(object).unwrap();
+    value["metadata"]
+        .as_object_mut()
+        .unwrap()
+        .remove("ownerReferences");
+    if let Some(config) = value.pointer_mut(&format!("/data/{}", build::CONFIG_KEY)) {
+        let text = config.as_str().unwrap();
+        let kept: Vec<String> = text
+            .lines()
+            .map(|line| match line.find(" (revision ") {
+                Some(at) if line.trim_start().starts_with("# source ") => line[..at].to_string(),
+                _ => line.to_string(),
+            })
+            .collect();
+        *config = Value::String(kept.join("\n") + "\n");
+    }
+    if let Some(annotations) = value.pointer_mut("/spec/template/metadata/annotations") {
+        annotations
+            .as_object_mut()
+            .unwrap()
+            .remove(build::CONFIG_HASH_ANNOTATION);
+    }
+    value
+}
