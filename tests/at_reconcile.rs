@@ -324,18 +324,9 @@ async fn the_seed_example_runs_at_once() {
         ..Default::default()
     };
     let rendered = cdn_operator::cli::render::render(&exported).expect("a valid At");
-    let mut created = serde_json::to_value(&pods[0]).unwrap();
+    let mut created = support::without_server_fields(&pods[0]);
     created.as_object_mut().unwrap().remove("status");
     let metadata = created["metadata"].as_object_mut().unwrap();
-    for server_field in [
-        "managedFields",
-        "resourceVersion",
-        "uid",
-        "creationTimestamp",
-        "generation",
-    ] {
-        metadata.remove(server_field);
-    }
     let annotations = metadata.remove("annotations").unwrap_or_default();
     let keys: Vec<&String> = annotations
         .as_object()

@@ -4,18 +4,14 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+mod support;
+
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
 fn validator() -> PathBuf {
-    let path = root().join("../shared/tools/crd_validate.py");
-    assert!(
-        path.exists(),
-        "{} is missing: the tests expect ../shared beside the repository",
-        path.display()
-    );
-    path
+    support::shared("tools/crd_validate.py")
 }
 
 /// Writes each CRD `cdn-operator crd` prints (the real binary) to its own file.
@@ -62,7 +58,7 @@ fn validate(crd: &Path, objects: &[PathBuf]) -> (bool, String) {
 }
 
 fn seed(name: &str) -> PathBuf {
-    root().join("../shared/seed-examples").join(name)
+    support::shared("seed-examples").join(name)
 }
 
 #[test]

@@ -233,14 +233,7 @@ async fn from_the_cluster_the_status_tells_the_state() {
 #[test]
 fn without_files_it_needs_a_cluster_and_says_so() {
     let run = cdn_operator(&["graph"], "");
-    assert_eq!(run.code, 1);
-    assert!(
-        run.stderr
-            .starts_with("cdn-operator: cannot reach the cluster: "),
-        "{}",
-        run.stderr
-    );
-    assert_eq!(run.stderr.lines().count(), 1);
+    run.fails_in_one_line(1, "cdn-operator: cannot reach the cluster: ");
     let usage = cdn_operator(&["graph", "-A", "-f", "x.yaml"], "");
     assert_eq!(usage.code, 2);
     let usage = cdn_operator(&["graph", "-o", "png"], "");

@@ -53,6 +53,17 @@ async fn eventually(what: &str, within: Duration, check: impl Fn() -> bool) {
         .unwrap_or_else(|| panic!("{what}: not within {within:?}"));
 }
 
+/// pod-a campaigning until it fails, once it leads.
+async fn leading(
+    client: &kube::Client,
+) -> (tokio::task::JoinHandle<Result<(), Lost>>, Leadership, Gauge) {
+    let (a, leads, gauge) = elector(client, config("pod-a"));
+    let a = Arc::new(a);
+    let running = tokio::spawn(async move { a.run(std::future::pending()).await });
+    eventually("pod-a leads", Duration::from_secs(2), || leads.is_leader()).await;
+    (running, leads, gauge)
+}
+
 #[tokio::test]
 async fn two_candidates_racing_for_an_expired_lease_never_both_lead() {
     let client = ClientBuilder::new().build().await.unwrap();
@@ -192,15 +203,7 @@ async fn the_leader_releases_and_a_standby_takes_over_within_a_retry_period() {
 #[tokio::test]
 async fn a_leader_whose_lease_is_taken_stops_at_once_with_an_error() {
     let client = ClientBuilder::new().build().await.unwrap();
-    let (a, a_leads, a_gauge) = elector(&client, config("pod-a"));
-    let running = {
-        let a = Arc::new(a);
-        tokio::spawn(async move { a.run(std::future::pending()).await })
-    };
-    eventually("pod-a leads", Duration::from_secs(2), || {
-        a_leads.is_leader()
-    })
-    .await;
+    let (running, a_leads, a_gauge) = leading(&client).await;
 
     // Another replica (clock skew, a partition) writes itself in as the holder.
     let now = format!("{:.6}", jiff::Timestamp::now());
@@ -248,15 +251,7 @@ async fn a_leader_that_cannot_renew_gives_up_at_the_renew_deadline() {
         .build()
         .await
         .unwrap();
-    let (a, a_leads, _) = elector(&client, config("pod-a"));
-    let running = {
-        let a = Arc::new(a);
-        tokio::spawn(async move { a.run(std::future::pending()).await })
-    };
-    eventually("pod-a leads", Duration::from_secs(2), || {
-        a_leads.is_leader()
-    })
-    .await;
+    let (running, a_leads, _) = leading(&client).await;
     failing.store(true, Ordering::SeqCst);
     let cut = Instant::now();
 

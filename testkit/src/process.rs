@@ -237,3 +237,20 @@ impl Usage {
         })
     }
 }
+
+/// Runs `command` to its end with `stdin` as its input, capturing stdout and stderr.
+pub fn run_with_stdin(command: &mut Command, stdin: &str) -> std::io::Result<std::process::Output> {
+    use std::io::Write;
+    let mut child = command
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    // A command that exits without reading its input closes the pipe: not an error here.
+    let _ = child
+        .stdin
+        .take()
+        .expect("piped")
+        .write_all(stdin.as_bytes());
+    child.wait_with_output()
+}

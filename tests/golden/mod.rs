@@ -1,9 +1,10 @@
 //! Golden outputs of `cdn-operator render` and `graph`, beside this file. `UPDATE_GOLDEN=1 cargo
 //! test --test render --test graph` rewrites them; review the diff by eye before committing.
+//! Included with `tests/support` (`mod golden; mod support;`).
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 pub fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -11,13 +12,7 @@ pub fn root() -> PathBuf {
 
 /// The seed examples, in ../shared beside the repository (as CI has them).
 pub fn seed_examples() -> PathBuf {
-    let dir = root().join("../shared/seed-examples");
-    assert!(
-        dir.is_dir(),
-        "{} is missing: the tests expect ../shared beside the repository",
-        dir.display()
-    );
-    dir
+    crate::support::shared("seed-examples")
 }
 
 /// A file of this folder.
@@ -68,26 +63,24 @@ pub struct Run {
     pub stderr: String,
 }
 
+impl Run {
+    /// Asserts the run exited `code` with one line on stderr, starting with `prefix`.
+    pub fn fails_in_one_line(&self, code: i32, prefix: &str) {
+        assert_eq!(self.code, code, "{}", self.stderr);
+        assert!(self.stderr.starts_with(prefix), "{}", self.stderr);
+        assert_eq!(self.stderr.lines().count(), 1, "{}", self.stderr);
+    }
+}
+
 /// Runs `cdn-operator ARGS` with `stdin`, and no cluster: KUBECONFIG points nowhere, so a
 /// command that tried to reach one would fail.
 pub fn cdn_operator(args: &[&str], stdin: &str) -> Run {
-    use std::io::Write;
-    let mut child = Command::new(env!("CARGO_BIN_EXE_cdn-operator"))
+    let mut command = Command::new(env!("CARGO_BIN_EXE_cdn-operator"));
+    command
         .args(args)
         .env("KUBECONFIG", "/nonexistent/kubeconfig")
-        .env_remove("KUBERNETES_SERVICE_HOST")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run cdn-operator");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(stdin.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
+        .env_remove("KUBERNETES_SERVICE_HOST");
+    let out = cdn_operator_testkit::run_with_stdin(&mut command, stdin).expect("run cdn-operator");
     Run {
         code: out.status.code().expect("exited"),
         stdout: String::from_utf8(out.stdout).unwrap(),

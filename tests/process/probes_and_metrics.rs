@@ -5,7 +5,7 @@ use crate::fake_api::{cluster, FakeApi, FakeState};
 use crate::launch::{master_status, Launch, FAST_ELECTION, RECONCILED};
 use cdn_operator_testkit::{has_line, http_get_accepting, sample, Operator, Reply};
 use serde_json::json;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 /// What Prometheus 2.x sends.
@@ -207,21 +207,13 @@ fn leader_serves_probes_and_metrics_then_releases_the_lease_and_exits_0_on_sigte
 /// promtool is installed by scripts/install-test-deps.sh; a missing one fails the test rather
 /// than skipping it.
 fn promtool_check_metrics(exposition: &str) -> (bool, String) {
-    use std::io::Write;
-    let mut promtool = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("promtool (Debian package prometheus) must be installed: run scripts/install-test-deps.sh");
-    promtool
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(exposition.as_bytes())
-        .unwrap();
-    let output = promtool.wait_with_output().unwrap();
+    let output = cdn_operator_testkit::run_with_stdin(
+        Command::new("promtool").args(["check", "metrics"]),
+        exposition,
+    )
+    .expect(
+        "promtool (Debian package prometheus) must be installed: run scripts/install-test-deps.sh",
+    );
     let said = format!(
         "{}{}",
         String::from_utf8_lossy(&output.stdout),

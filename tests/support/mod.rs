@@ -3,8 +3,8 @@
 //! filled from the API as their watches would fill them (the fake serves no watches), and a
 //! clock the test sets.
 //!
-//! Included by `tests/cdncluster_reconcile.rs`, `tests/at_reconcile.rs`, `tests/real_server.rs`
-//! (`mod support;`) and `benches/reconcile.rs` (`#[path]`); each uses part of it.
+//! Included by the test files (`mod support;`) and `benches/reconcile.rs` (`#[path]`); each uses
+//! part of it.
 #![allow(dead_code)]
 
 use cdn_operator::api::CdnCluster;
@@ -351,4 +351,34 @@ impl Clock for TestClock {
     fn now(&self) -> jiff::Timestamp {
         *self.0.lock().unwrap()
     }
+}
+
+/// `object` as JSON without the metadata the API server fills in (managedFields, resourceVersion,
+/// uid, creationTimestamp, generation): what the operator applied, to compare with what it builds.
+pub fn without_server_fields(object: &impl serde::Serialize) -> serde_json::Value {
+    let mut value = serde_json::to_value(object).expect("objects serialize");
+    let metadata = value["metadata"].as_object_mut().expect("metadata");
+    for server_field in [
+        "managedFields",
+        "resourceVersion",
+        "uid",
+        "creationTimestamp",
+        "generation",
+    ] {
+        metadata.remove(server_field);
+    }
+    value
+}
+
+/// A file or folder of `../shared`, beside the repository as CI has it.
+pub fn shared(path: &str) -> std::path::PathBuf {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../shared")
+        .join(path);
+    assert!(
+        path.exists(),
+        "{} is missing: the tests expect ../shared beside the repository",
+        path.display()
+    );
+    path
 }
