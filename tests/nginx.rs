@@ -291,7 +291,8 @@ fn get(addr: &str, path: &str) -> Response {
 
 fn try_get(addr: &str, path: &str) -> std::io::Result<Response> {
     let mut stream = TcpStream::connect(addr)?;
-    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    // Above the pools' proxy_read_timeout, so a request failed over from a hung member arrives.
+    stream.set_read_timeout(Some(Duration::from_secs(30)))?;
     write!(
         stream,
         "GET {path} HTTP/1.0\r\nHost: cdn.example.com\r\n\r\n"
@@ -692,6 +693,59 @@ fn a_pool_spreads_uris_by_consistent_hashing_and_fails_over_without_errors() {
         &uris[placement.iter().position(|c| *c == "cache-b").unwrap()],
     );
     assert_eq!(r.header(CACHE_STATUS_HEADER), Some("HIT"));
+
+    // cache-b hangs (accepts connections, never answers): its requests wait for the pool's read
+    // timeout, then another member answers; two such failures leave it out, and its URIs are
+    // served at once.
+    let b_uris: Vec<&String> = uris
+        .iter()
+        .zip(&placement)
+        .filter(|(_, c)| **c == "cache-b")
+        .map(|(u, _)| u)
+        .collect();
+    let b_pid = caches[1].as_ref().unwrap().child.id().to_string();
+    let signal = |sig: &str| {
+        let ok = Command::new("kill").args([sig, &b_pid]).status().unwrap();
+        assert!(ok.success(), "kill {sig} {b_pid}");
+    };
+    signal("-STOP");
+    let started = Instant::now();
+    let hung: Vec<_> = b_uris[..2]
+        .iter()
+        .map(|uri| {
+            let uri = uri.to_string();
+            std::thread::spawn(move || (try_get(balancer, &uri), uri))
+        })
+        .collect();
+    for thread in hung {
+        let (r, uri) = thread.join().unwrap();
+        let r = r.unwrap_or_else(|e| {
+            panic!(
+                "{uri} through a hung member: {e} after {:?}",
+                started.elapsed()
+            )
+        });
+        assert_eq!((r.status, r.body.as_str()), (200, uri.as_str()));
+        assert_ne!(served_by(&r), "cache-b");
+        assert!(
+            r.header(UPSTREAM_HEADER)
+                .unwrap()
+                .starts_with(POOL_CACHES[1].1),
+            "cache-b was tried first: {:?}",
+            r.header(UPSTREAM_HEADER)
+        );
+    }
+    let waited = started.elapsed();
+    eprintln!("requests to the hung cache-b answered by another after {waited:?}");
+    assert!((9..15).contains(&waited.as_secs()), "{waited:?}");
+    let started = Instant::now();
+    let r = get(balancer, b_uris[2]);
+    assert_ne!(served_by(&r), "cache-b");
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "cache-b is left out"
+    );
+    signal("-CONT");
 
     // Weights 2:1:1 give cache-a about half of the URIs.
     let weighted = pool_world(2);

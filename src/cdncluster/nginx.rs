@@ -25,6 +25,9 @@ pub const POOL_FAIL_TIMEOUT: &str = "5s";
 pub const POOL_NEXT_TIMEOUT: &str = "15s";
 /// A member that does not accept a connection this fast is skipped: the next one may.
 pub const POOL_CONNECT_TIMEOUT: &str = "3s";
+/// A member that accepts but sends nothing for this long (hung) is skipped too: under
+/// [`POOL_NEXT_TIMEOUT`], so the next member still gets the request.
+pub const POOL_READ_TIMEOUT: &str = "10s";
 
 /// A source whose address is known.
 #[derive(Clone, Debug, PartialEq)]
@@ -311,6 +314,7 @@ fn proxy(role: Role, upstreams: &[Upstream], pool: &[usize]) -> String {
             b,
             "            proxy_connect_timeout {POOL_CONNECT_TIMEOUT};"
         );
+        let _ = writeln!(b, "            proxy_read_timeout {POOL_READ_TIMEOUT};");
         // Which member answered (after those that failed): for debugging the balance.
         let _ = writeln!(
             b,

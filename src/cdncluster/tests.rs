@@ -189,6 +189,7 @@ fn sources_sharing_a_condition_are_one_pool_balanced_by_consistent_hashing() {
         "proxy_next_upstream_tries 3;",
         "proxy_next_upstream_timeout 15s;",
         "proxy_connect_timeout 3s;",
+        "proxy_read_timeout 10s;",
         "add_header X-Cdn-Upstream $upstream_addr always;",
         "proxy_pass http://source_0;",
     ] {
