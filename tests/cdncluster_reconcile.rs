@@ -739,3 +739,87 @@ async fn a_standby_replica_writes_nothing() {
     assert_eq!(c.take_writes(), Vec::<String>::new());
     assert!(c.deployment("foo").await.is_none());
 }
+
+#[tokio::test]
+async fn a_pool_waits_for_every_member_then_deploys_one_hashed_upstream() {
+    let c = Cluster::new().await;
+    c.create(
+        "balancer",
+        Role::Balancer,
+        &[("cache-a", None), ("cache-b", None)],
+    )
+    .await;
+    c.create("cache-a", Role::Cache, &[]).await;
+    c.reconcile_ok("balancer").await;
+    assert_eq!(c.state("balancer").await, Some(State::WaitingSource));
+    assert!(c.deployment("balancer").await.is_none());
+    assert_eq!(
+        condition(&c, "balancer", "Ready").await.2,
+        "Source cache-b not found, will retry later"
+    );
+
+    c.create("cache-b", Role::Cache, &[]).await;
+    assert_eq!(c.parents("cache-b").await, ["balancer"]);
+    c.reconcile_ok("balancer").await;
+    assert_eq!(c.state("balancer").await, Some(State::Deploying));
+    let conf = c
+        .api::<ConfigMap>()
+        .get("balancer-nginx")
+        .await
+        .unwrap()
+        .data
+        .unwrap()["nginx.conf"]
+        .clone();
+    assert_eq!(conf.matches("upstream source_").count(), 1, "{conf}");
+    for line in [
+        "hash $request_uri consistent;",
+        "server cache-a.default.svc:80 weight=1 max_fails=2 fail_timeout=5s;",
+        "server cache-b.default.svc:80 weight=1 max_fails=2 fail_timeout=5s;",
+        "# default pool cache-a + cache-b",
+    ] {
+        assert!(conf.contains(line), "{line} missing in\n{conf}");
+    }
+
+    // A member that cannot share the pool's location: Invalid, the pool named by its members,
+    // one Warning, the children left serving as they were.
+    c.api::<CdnCluster>()
+        .patch(
+            "balancer",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"sources": [
+                {"name": "cache-a"},
+                {"name": "cache-b"},
+                {"name": "web", "origin": {"url": "https://web.example.com"}},
+            ]}})),
+        )
+        .await
+        .unwrap();
+    c.take_writes();
+    c.reconcile_ok("balancer").await;
+    assert_eq!(
+        c.take_writes(),
+        ["status CdnCluster balancer", "create Event"]
+    );
+    assert_eq!(c.state("balancer").await, Some(State::Invalid));
+    let message = "pool cache-a + cache-b + web (default) cannot be balanced: cache-a is reached \
+                   over http with the client's Host but web is the URL origin \
+                   https://web.example.com; a pool's members must all be CdnClusters or Service \
+                   origins, or URL origins of the same scheme, host and path";
+    assert_eq!(
+        condition(&c, "balancer", "Ready").await,
+        ("False".into(), "InvalidSpec".into(), message.into())
+    );
+    assert_eq!(
+        c.events("balancer").await.last(),
+        Some(&note("InvalidSpec", message))
+    );
+    assert_eq!(
+        c.api::<ConfigMap>()
+            .get("balancer-nginx")
+            .await
+            .unwrap()
+            .data
+            .unwrap()["nginx.conf"],
+        conf
+    );
+}

@@ -71,10 +71,11 @@ fn the_seed_examples_and_the_readme_topology_are_accepted() {
         seed("cdncluster-cache-live.yaml"),
         seed("cdncluster-cache-vod.yaml"),
         root().join("examples/topology.yaml"),
+        root().join("examples/pool.yaml"),
     ];
     let (ok, report) = validate(&crds[0], &clusters);
     assert!(ok, "{report}");
-    assert_eq!(report.matches(": OK").count(), 6, "{report}");
+    assert_eq!(report.matches(": OK").count(), 10, "{report}");
     let (ok, report) = validate(&crds[1], &[seed("at-example.yaml")]);
     assert!(ok, "{report}");
     assert!(report.contains("example-at: OK"), "{report}");
@@ -115,6 +116,16 @@ fn bad_input_is_refused_with_the_reason() {
             "negative-replicas",
             "role: cache\n  sources: []\n  replicas: -1",
             "-1 is less than the minimum of 0",
+        ),
+        (
+            "zero-weight",
+            "role: balancer\n  sources:\n  - name: a\n    weight: 0",
+            "0 is less than the minimum of 1",
+        ),
+        (
+            "huge-weight",
+            "role: balancer\n  sources:\n  - name: a\n    weight: 101",
+            "101 is greater than the maximum of 100",
         ),
         (
             "bad-cache-size",

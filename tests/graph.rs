@@ -17,6 +17,7 @@ fn topologies() -> Vec<(&'static str, PathBuf)> {
     vec![
         ("seed", seed_examples()),
         ("example", root().join("examples/topology.yaml")),
+        ("pool", root().join("examples/pool.yaml")),
         ("invalid", input("invalid-topology.yaml")),
         ("tricky", input("tricky-labels.yaml")),
     ]
@@ -238,4 +239,17 @@ fn without_files_it_needs_a_cluster_and_says_so() {
     assert_eq!(usage.code, 2);
     let usage = cdn_operator(&["graph", "-o", "png"], "");
     assert_eq!(usage.code, 2);
+}
+
+#[test]
+fn a_pool_is_shown_on_the_edges_of_its_members() {
+    let text = graph(&root().join("examples/pool.yaml"), "text");
+    assert!(
+        text.contains("├── default (pool of 3) → cache-1 [cache]"),
+        "{text}"
+    );
+    assert!(
+        text.contains("└── default (pool of 3, weight 2) → cache-3 [cache]"),
+        "{text}"
+    );
 }

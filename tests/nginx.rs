@@ -7,12 +7,13 @@
 
 use cdn_operator::api::{CacheSpec, CdnCluster, CdnClusterSpec, Role, Source};
 use cdn_operator::cdncluster::build;
-use cdn_operator::cdncluster::nginx::{Paths, CACHE_STATUS_HEADER};
+use cdn_operator::cdncluster::nginx::{Paths, CACHE_STATUS_HEADER, UPSTREAM_HEADER};
 use cdn_operator::cdncluster::sources;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -92,6 +93,8 @@ fn every_generated_configuration_passes_nginx_t() {
         &[
             ("cache-live.default.svc", "127.0.0.1"),
             ("cache-vod.default.svc", "127.0.0.1"),
+            ("cache-tuned.default.svc", "127.0.0.1"),
+            ("cache-origins.default.svc", "127.0.0.1"),
             ("vod-store.default.svc", "127.0.0.1"),
             ("origin.example.com", "127.0.0.1"),
         ],
@@ -150,6 +153,27 @@ fn every_generated_configuration_passes_nginx_t() {
             ],
         ),
         tuned,
+        // Pools: three caches as the default, two weighted URL origins of one host behind a path.
+        cluster(
+            "balancer-pool",
+            Role::Balancer,
+            vec![
+                Source::cluster("cache-live", None).weighted(2),
+                Source::cluster("cache-vod", Some("^/vod/")),
+                Source::cluster("cache-tuned", None),
+                Source::cluster("cache-origins", None),
+            ],
+        ),
+        cluster(
+            "cache-pool",
+            Role::Cache,
+            vec![
+                Source::url("o1", "https://origin.example.com:8443/a", Some("^/a/")),
+                Source::url("o2", "https://origin.example.com:9443/a", Some("^/a/")).weighted(3),
+                Source::service("s1", "vod-store", 80, None),
+                Source::service("s2", "vod-store", 81, None),
+            ],
+        ),
         // Regexes nginx must read back exactly: quotes, backslashes, braces, alternation.
         cluster(
             "balancer-regex",
@@ -262,18 +286,22 @@ impl Response {
 }
 
 fn get(addr: &str, path: &str) -> Response {
-    let mut stream = TcpStream::connect(addr).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
+    try_get(addr, path).unwrap_or_else(|e| panic!("GET {path} from {addr}: {e}"))
+}
+
+fn try_get(addr: &str, path: &str) -> std::io::Result<Response> {
+    let mut stream = TcpStream::connect(addr)?;
+    // Above the pools' proxy_read_timeout, so a request failed over from a hung member arrives.
+    stream.set_read_timeout(Some(Duration::from_secs(30)))?;
     write!(
         stream,
         "GET {path} HTTP/1.0\r\nHost: cdn.example.com\r\n\r\n"
-    )
-    .unwrap();
+    )?;
     let mut raw = String::new();
-    stream.read_to_string(&mut raw).unwrap();
-    let (head, body) = raw.split_once("\r\n\r\n").expect("an HTTP response");
+    stream.read_to_string(&mut raw)?;
+    let (head, body) = raw
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| std::io::Error::other(format!("not an HTTP response: {raw:?}")))?;
     let mut lines = head.lines();
     let status = lines
         .next()
@@ -287,11 +315,11 @@ fn get(addr: &str, path: &str) -> Response {
         .filter_map(|l| l.split_once(':'))
         .map(|(n, v)| (n.trim().to_string(), v.trim().to_string()))
         .collect();
-    Response {
+    Ok(Response {
         status,
         headers,
         body: body.to_string(),
-    }
+    })
 }
 
 fn origin_conf(root: &Path, listen: &str, tmp: &Path) -> String {
@@ -458,4 +486,283 @@ fn seed_topology_routes_caches_and_answers_404() {
             .count(),
         1
     );
+}
+
+/// The pool test's world: a balancer whose default is a pool of three caches (cache-a weighted
+/// `weight_a`), each cache fetching from one origin. Caches listen on 127.0.0.3{1,2,3}:80.
+fn pool_world(weight_a: i32) -> Vec<CdnCluster> {
+    let cache = |name: &str| {
+        cluster(
+            name,
+            Role::Cache,
+            vec![Source::service("origin", "origin", 80, None)],
+        )
+    };
+    vec![
+        cluster(
+            "balancer",
+            Role::Balancer,
+            vec![
+                Source::cluster("cache-a", None).weighted(weight_a),
+                Source::cluster("cache-b", None),
+                Source::cluster("cache-c", None),
+            ],
+        ),
+        cache("cache-a"),
+        cache("cache-b"),
+        cache("cache-c"),
+    ]
+}
+
+const POOL_CACHES: [(&str, &str); 3] = [
+    ("cache-a", "127.0.0.31:80"),
+    ("cache-b", "127.0.0.32:80"),
+    ("cache-c", "127.0.0.33:80"),
+];
+
+/// Which cache served `r`: the last address of the balancer's X-Cdn-Upstream (the ones before
+/// it failed).
+fn served_by(r: &Response) -> &'static str {
+    let header = r
+        .header(UPSTREAM_HEADER)
+        .unwrap_or_else(|| panic!("no {UPSTREAM_HEADER} in {:?}", r.headers));
+    let last = header.rsplit(", ").next().unwrap_or_default();
+    POOL_CACHES
+        .iter()
+        .find(|(_, addr)| *addr == last)
+        .map(|(name, _)| *name)
+        .unwrap_or_else(|| panic!("{UPSTREAM_HEADER}: {header} is no cache"))
+}
+
+/// Every URI once through `balancer`: the cache that served it, each answer a 200 with the body.
+fn pass(balancer: &str, uris: &[String]) -> Vec<&'static str> {
+    uris.iter()
+        .map(|uri| {
+            let r = get(balancer, uri);
+            assert_eq!((r.status, r.body.as_str()), (200, uri.as_str()), "{uri}");
+            served_by(&r)
+        })
+        .collect()
+}
+
+fn shares(placement: &[&str]) -> Vec<f64> {
+    POOL_CACHES
+        .iter()
+        .map(|(name, _)| {
+            placement.iter().filter(|c| *c == name).count() as f64 / placement.len() as f64
+        })
+        .collect()
+}
+
+#[test]
+fn a_pool_spreads_uris_by_consistent_hashing_and_fails_over_without_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let root = d.join("origin");
+    std::fs::create_dir_all(root.join("obj")).unwrap();
+    let uris: Vec<String> = (0..300).map(|i| format!("/obj/{i}.bin")).collect();
+    for uri in &uris {
+        // The body is the URI: an answer tells which object it is.
+        std::fs::write(root.join(&uri[1..]), uri).unwrap();
+    }
+    let hosts = hosts_file(
+        d,
+        &[
+            ("cache-a.default.svc", "127.0.0.31"),
+            ("cache-b.default.svc", "127.0.0.32"),
+            ("cache-c.default.svc", "127.0.0.33"),
+            ("origin.default.svc", "127.0.0.40"),
+        ],
+    );
+    let tmp = d.join("tmp");
+    std::fs::create_dir_all(&tmp).unwrap();
+    let _origin = start(
+        "origin",
+        &origin_conf(&root, "127.0.0.40:80", &tmp),
+        d,
+        &hosts,
+        "127.0.0.40:80",
+    );
+    let paths = |name: &str, listen: &str| {
+        let own = d.join(name);
+        std::fs::create_dir_all(&own).unwrap();
+        Paths {
+            listen: listen.into(),
+            temp_dir: own.to_str().unwrap().into(),
+            cache_dir: own.to_str().unwrap().into(),
+        }
+    };
+    let world = pool_world(1);
+    let run = |c: &CdnCluster, listen: &str| {
+        let name = c.metadata.name.clone().unwrap();
+        start(
+            &name,
+            &config(c, &world, &paths(&name, listen)),
+            d,
+            &hosts,
+            listen,
+        )
+    };
+    let mut caches: Vec<Option<Nginx>> = POOL_CACHES
+        .iter()
+        .zip(&world[1..])
+        .map(|((_, addr), c)| Some(run(c, addr)))
+        .collect();
+    let balancer = "127.0.0.30:80";
+    let _balancer = run(&world[0], balancer);
+
+    // Each URI has one cache: the first pass fetches it there (MISS), the second finds it there.
+    let placement = pass(balancer, &uris);
+    for (uri, cache) in uris.iter().zip(&placement) {
+        let r = get(balancer, uri);
+        assert_eq!(served_by(&r), *cache, "{uri} moved without a change");
+        assert_eq!(r.header(CACHE_STATUS_HEADER), Some("HIT"), "{uri}");
+    }
+    let even = shares(&placement);
+    eprintln!("shares of cache-a, cache-b, cache-c: {even:.3?}");
+    for share in &even {
+        assert!((0.20..=0.47).contains(share), "shares {even:?}");
+    }
+
+    // cache-b stops while requests keep coming: none fails.
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = {
+        let (stop, uris) = (stop.clone(), uris.clone());
+        std::thread::spawn(move || {
+            let (mut sent, mut failed) = (0usize, Vec::new());
+            while !stop.load(Ordering::Relaxed) {
+                let uri = &uris[sent % uris.len()];
+                match try_get(balancer, uri) {
+                    Ok(r) if r.status == 200 && r.body == *uri => {}
+                    Ok(r) => failed.push(format!("{uri}: {} {:?}", r.status, r.headers)),
+                    Err(e) => failed.push(format!("{uri}: {e}")),
+                }
+                sent += 1;
+            }
+            (sent, failed)
+        })
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    caches[1] = None;
+    std::thread::sleep(Duration::from_millis(700));
+    let without_b = pass(balancer, &uris);
+    stop.store(true, Ordering::Relaxed);
+    let (sent, failed) = load.join().unwrap();
+    eprintln!("requests during the stop: {sent}, failed: {}", failed.len());
+    assert!(
+        failed.is_empty(),
+        "{} of {sent} failed: {failed:?}",
+        failed.len()
+    );
+    assert!(
+        sent > 100,
+        "the load ran through the change ({sent} requests)"
+    );
+    let mut moved = 0;
+    for ((uri, before), after) in uris.iter().zip(&placement).zip(&without_b) {
+        if *before == "cache-b" {
+            assert_ne!(*after, "cache-b", "{uri}");
+            moved += 1;
+        } else {
+            assert_eq!(
+                before, after,
+                "{uri} was not on the stopped cache, it must not move"
+            );
+        }
+    }
+    eprintln!("URIs moved when cache-b stopped: {moved} of {}", uris.len());
+    assert_eq!(moved, placement.iter().filter(|c| **c == "cache-b").count());
+    assert!(
+        without_b.contains(&"cache-a") && without_b.contains(&"cache-c"),
+        "its URIs are spread over the other two"
+    );
+
+    // cache-b back: once its fail_timeout is over, its URIs come back (to its cache, still full).
+    caches[1] = Some(run(&world[2], POOL_CACHES[1].1));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let back = loop {
+        let now = pass(balancer, &uris);
+        if now == placement || Instant::now() > deadline {
+            break now;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    assert_eq!(back, placement, "cache-b's URIs came back, and only those");
+    let r = get(
+        balancer,
+        &uris[placement.iter().position(|c| *c == "cache-b").unwrap()],
+    );
+    assert_eq!(r.header(CACHE_STATUS_HEADER), Some("HIT"));
+
+    // cache-b hangs (accepts connections, never answers): its requests wait for the pool's read
+    // timeout, then another member answers; two such failures leave it out, and its URIs are
+    // served at once.
+    let b_uris: Vec<&String> = uris
+        .iter()
+        .zip(&placement)
+        .filter(|(_, c)| **c == "cache-b")
+        .map(|(u, _)| u)
+        .collect();
+    let b_pid = caches[1].as_ref().unwrap().child.id().to_string();
+    let signal = |sig: &str| {
+        let ok = Command::new("kill").args([sig, &b_pid]).status().unwrap();
+        assert!(ok.success(), "kill {sig} {b_pid}");
+    };
+    signal("-STOP");
+    let started = Instant::now();
+    let hung: Vec<_> = b_uris[..2]
+        .iter()
+        .map(|uri| {
+            let uri = uri.to_string();
+            std::thread::spawn(move || (try_get(balancer, &uri), uri))
+        })
+        .collect();
+    for thread in hung {
+        let (r, uri) = thread.join().unwrap();
+        let r = r.unwrap_or_else(|e| {
+            panic!(
+                "{uri} through a hung member: {e} after {:?}",
+                started.elapsed()
+            )
+        });
+        assert_eq!((r.status, r.body.as_str()), (200, uri.as_str()));
+        assert_ne!(served_by(&r), "cache-b");
+        assert!(
+            r.header(UPSTREAM_HEADER)
+                .unwrap()
+                .starts_with(POOL_CACHES[1].1),
+            "cache-b was tried first: {:?}",
+            r.header(UPSTREAM_HEADER)
+        );
+    }
+    let waited = started.elapsed();
+    eprintln!("requests to the hung cache-b answered by another after {waited:?}");
+    assert!((9..15).contains(&waited.as_secs()), "{waited:?}");
+    let started = Instant::now();
+    let r = get(balancer, b_uris[2]);
+    assert_ne!(served_by(&r), "cache-b");
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "cache-b is left out"
+    );
+    signal("-CONT");
+
+    // Weights 2:1:1 give cache-a about half of the URIs.
+    let weighted = pool_world(2);
+    let addr = "127.0.0.34:80";
+    let _weighted = start(
+        "balancer-weighted",
+        &config(&weighted[0], &weighted, &paths("balancer-weighted", addr)),
+        d,
+        &hosts,
+        addr,
+    );
+    let heavy = shares(&pass(addr, &uris));
+    eprintln!("weighted 2:1:1 shares of cache-a, cache-b, cache-c: {heavy:.3?}");
+    assert!((0.40..=0.60).contains(&heavy[0]), "shares {heavy:?}");
+    assert!(
+        heavy[1] < even[1] && heavy[2] < even[2],
+        "{heavy:?} vs {even:?}"
+    );
+    drop(caches);
 }

@@ -34,6 +34,18 @@ fn the_seed_examples_render_as_golden() {
 }
 
 #[test]
+fn the_pool_example_renders_one_hashed_upstream_as_golden() {
+    let pool = golden::root().join("examples/pool.yaml");
+    let run = cdn_operator(&["render", "--nginx-only", "-f", path(&pool)], "");
+    assert_eq!((run.code, run.stderr.as_str()), (0, ""));
+    check("render-pool-nginx.conf", &run.stdout);
+    assert_eq!(
+        run.stdout.matches("hash $request_uri consistent;").count(),
+        1
+    );
+}
+
+#[test]
 fn the_output_is_a_stream_of_whole_kubernetes_objects() {
     let run = cdn_operator(&["render", "-f", path(&seed_examples())], "");
     let mut kinds = Vec::new();

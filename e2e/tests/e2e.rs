@@ -388,6 +388,45 @@ async fn foo3_waits_for_asource_and_deploys_when_it_appears() {
     );
 }
 
+#[tokio::test]
+async fn a_pool_of_two_caches_deploys_one_hashed_upstream() {
+    let Some(mut env) = Env::new("pool").await else {
+        return;
+    };
+    env.start_operator().await;
+    // Two sources without pathCondition: one pool (before pools, Invalid).
+    env.create_cluster(
+        "balancer",
+        json!({"role": "balancer", "sources": [{"name": "cache-a", "weight": 2}, {"name": "cache-b"}]}),
+    )
+    .await
+    .expect("balancer");
+    for cache in ["cache-a", "cache-b"] {
+        env.create_cluster(cache, json!({"role": "cache", "sources": []}))
+            .await
+            .expect(cache);
+    }
+    // Without a kubelet no replica gets ready: Deploying is as far as it goes.
+    wait_state(&env, "balancer", DEPLOYED).await;
+    assert_children(&env, "balancer").await;
+    let config_map: ConfigMap = get(&env, "balancer-nginx").await.expect("balancer-nginx");
+    let conf = &config_map.data.expect("data")["nginx.conf"];
+    let ns = env.ns.clone();
+    assert_eq!(conf.matches("upstream source_").count(), 1, "{conf}");
+    for line in [
+        "hash $request_uri consistent;".to_string(),
+        format!("server cache-a.{ns}.svc:80 weight=2 max_fails=2 fail_timeout=5s;"),
+        format!("server cache-b.{ns}.svc:80 weight=1 max_fails=2 fail_timeout=5s;"),
+        "# default pool cache-a + cache-b".to_string(),
+    ] {
+        assert!(conf.contains(&line), "{line} missing in\n{conf}");
+    }
+    assert_eq!(
+        condition(&env, "balancer", "Stalled").await.unwrap().0,
+        "False"
+    );
+}
+
 /// The API server's refusal of `spec`, with the CRDs installed (no operator needed).
 async fn refused(env: &Env, name: &str, spec: serde_json::Value) -> String {
     match env.create_cluster(name, spec).await {

@@ -33,8 +33,11 @@ pub struct CdnClusterSpec {
     pub role: Role,
 
     /// Where the instances fetch from, tried in order: a source with a `pathCondition` receives the
-    /// requests whose path matches it; the one source without a `pathCondition` is the default; with
-    /// no default, unmatched paths get 404. May be empty (`[]`): the cluster then answers 404.
+    /// requests whose path matches it; sources without a `pathCondition` are the default; with no
+    /// default, unmatched paths get 404. Sources that share a `pathCondition` (or all have none)
+    /// form a pool: nginx spreads its requests over them by consistent hashing of the request URI
+    /// and fails over to the next member when one is down. May be empty (`[]`): the cluster then
+    /// answers 404.
     pub sources: Vec<Source>,
 
     /// Number of nginx instances.
@@ -82,7 +85,21 @@ impl Source {
             name: name.into(),
             path_condition: path_condition.map(Into::into),
             origin: None,
+            weight: None,
         }
+    }
+
+    /// This source with `weight` in its pool.
+    pub fn weighted(self, weight: i32) -> Self {
+        Source {
+            weight: Some(weight),
+            ..self
+        }
+    }
+
+    /// Its share in its pool: `weight`, 1 by default.
+    pub fn weight(&self) -> i32 {
+        self.weight.unwrap_or(1)
     }
 
     /// The origin at `url`, labelled `name`.
@@ -148,6 +165,12 @@ pub struct Source {
     /// `url` or `service`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub origin: Option<Origin>,
+
+    /// The source's share of its pool (the sources with the same `pathCondition`): a member of
+    /// weight 2 receives about twice the URIs of a member of weight 1. Default 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 100))]
+    pub weight: Option<i32>,
 }
 
 /// An upstream outside the CdnCluster graph.

@@ -1,7 +1,8 @@
 //! The nginx configuration of a CdnCluster: pure text generation from role and resolved sources.
 //!
 //! Routing: regex locations in source order (nginx tries them in the order written, first match
-//! wins), then `location /` for the default source, or a 404 when there is none. `/healthz` is an
+//! wins), then `location /` for the default source, or a 404 when there is none. Sources that
+//! share a pathCondition (or have none) are a pool: one location, one upstream of several servers. `/healthz` is an
 //! exact location, which nginx checks before any regex, so probes never reach a source.
 
 use crate::api::Role;
@@ -13,6 +14,20 @@ pub const LISTEN_PORT: u16 = 8080;
 pub const HEALTH_PATH: &str = "/healthz";
 /// The response header in which a cache reports HIT, MISS, EXPIRED, ...
 pub const CACHE_STATUS_HEADER: &str = "X-Cache-Status";
+/// The response header in which a pool's location reports the member that answered (after the
+/// members that failed, comma-separated): nginx's `$upstream_addr`.
+pub const UPSTREAM_HEADER: &str = "X-Cdn-Upstream";
+/// A pool member that fails this many times within [`POOL_FAIL_TIMEOUT`] is left out for
+/// [`POOL_FAIL_TIMEOUT`], then tried again.
+pub const POOL_MAX_FAILS: u32 = 2;
+pub const POOL_FAIL_TIMEOUT: &str = "5s";
+/// How long a request may spend trying the members of a pool.
+pub const POOL_NEXT_TIMEOUT: &str = "15s";
+/// A member that does not accept a connection this fast is skipped: the next one may.
+pub const POOL_CONNECT_TIMEOUT: &str = "3s";
+/// A member that accepts but sends nothing for this long (hung) is skipped too: under
+/// [`POOL_NEXT_TIMEOUT`], so the next member still gets the request.
+pub const POOL_READ_TIMEOUT: &str = "10s";
 
 /// A source whose address is known.
 #[derive(Clone, Debug, PartialEq)]
@@ -32,6 +47,35 @@ pub struct Upstream {
     /// A version of the source (a CdnCluster's uid): written into the config, so a source that is
     /// replaced rolls out its parents, whose nginx resolved the old address at start.
     pub revision: Option<String>,
+    /// Its share of its pool (`weight=` on the hash ring).
+    pub weight: u32,
+}
+
+/// The sources that share a location, as indexes into the upstreams: those with the same
+/// `pathCondition` (or none), in the order their first member appears.
+pub fn pools(upstreams: &[Upstream]) -> Vec<Vec<usize>> {
+    let mut pools: Vec<Vec<usize>> = Vec::new();
+    for (i, up) in upstreams.iter().enumerate() {
+        match pools
+            .iter_mut()
+            .find(|p| upstreams[p[0]].path_condition == up.path_condition)
+        {
+            Some(pool) => pool.push(i),
+            None => pools.push(vec![i]),
+        }
+    }
+    pools
+}
+
+/// A pool named by its members and its condition, for messages: `pool cache-a + cache-b (default)`.
+pub fn describe_pool(upstreams: &[Upstream], pool: &[usize]) -> String {
+    let members: Vec<&str> = pool.iter().map(|&i| upstreams[i].name.as_str()).collect();
+    let condition = upstreams[pool[0]]
+        .path_condition
+        .as_deref()
+        .map(|c| format!("pathCondition {c:?}"))
+        .unwrap_or_else(|| "default".into());
+    format!("pool {} ({condition})", members.join(" + "))
 }
 
 /// Where nginx keeps its files; the pod mounts emptyDirs there (the root filesystem is read-only).
@@ -116,18 +160,37 @@ pub fn render(
             inactive = cache.inactive,
         );
     }
-    for (i, up) in upstreams.iter().enumerate() {
-        let revision = up
-            .revision
-            .as_deref()
-            .map(|r| format!(" (revision {r})"))
-            .unwrap_or_default();
-        let _ = write!(
-            c,
-            "\n    # source {name}{revision}\n    upstream source_{i} {{\n        server {addr};\n        keepalive 32;\n    }}\n",
-            name = comment(&up.name),
-            addr = up.address,
-        );
+    let pools = pools(upstreams);
+    for pool in &pools {
+        let i = pool[0];
+        c.push('\n');
+        for &m in pool {
+            let up = &upstreams[m];
+            let revision = up
+                .revision
+                .as_deref()
+                .map(|r| format!(" (revision {r})"))
+                .unwrap_or_default();
+            let _ = writeln!(c, "    # source {}{revision}", comment(&up.name));
+        }
+        let _ = writeln!(c, "    upstream source_{i} {{");
+        if let [only] = pool[..] {
+            let _ = writeln!(c, "        server {};", upstreams[only].address);
+        } else {
+            // One member per URI, so each object is fetched and cached by one cache of the pool;
+            // a member leaving or joining moves only its own share of the URIs.
+            let _ = writeln!(c, "        hash $request_uri consistent;");
+            // Failures seen by one worker mark the member down for all of them.
+            let _ = writeln!(c, "        zone source_{i} 64k;");
+            for &m in pool {
+                let _ = writeln!(
+                    c,
+                    "        server {} weight={} max_fails={POOL_MAX_FAILS} fail_timeout={POOL_FAIL_TIMEOUT};",
+                    upstreams[m].address, upstreams[m].weight,
+                );
+            }
+        }
+        let _ = writeln!(c, "        keepalive 32;\n    }}");
     }
     let _ = write!(
         c,
@@ -163,24 +226,32 @@ pub fn render(
          \x20           return 200 \"ok\\n\";\n\
          \x20       }}\n"
     );
-    for (i, up) in upstreams.iter().enumerate() {
-        if let Some(regex) = &up.path_condition {
-            let _ = write!(
-                c,
-                "\n        # source {name}\n        location ~ \"{regex}\" {{\n{body}        }}\n",
-                name = comment(&up.name),
-                regex = quote(regex),
-                body = proxy(i, up),
-            );
-        }
+    for pool in pools
+        .iter()
+        .filter(|p| upstreams[p[0]].path_condition.is_some())
+    {
+        let regex = upstreams[pool[0]]
+            .path_condition
+            .as_deref()
+            .unwrap_or_default();
+        let _ = write!(
+            c,
+            "\n        # {what}\n        location ~ \"{regex}\" {{\n{body}        }}\n",
+            what = what(upstreams, pool),
+            regex = quote(regex),
+            body = proxy(role, upstreams, pool),
+        );
     }
-    match upstreams.iter().position(|u| u.path_condition.is_none()) {
-        Some(i) => {
+    match pools
+        .iter()
+        .find(|p| upstreams[p[0]].path_condition.is_none())
+    {
+        Some(pool) => {
             let _ = write!(
                 c,
-                "\n        # default source {name}\n        location / {{\n{body}        }}\n",
-                name = comment(&upstreams[i].name),
-                body = proxy(i, &upstreams[i]),
+                "\n        # default {what}\n        location / {{\n{body}        }}\n",
+                what = what(upstreams, pool),
+                body = proxy(role, upstreams, pool),
             );
         }
         None => {
@@ -194,7 +265,19 @@ pub fn render(
     c
 }
 
-fn proxy(i: usize, up: &Upstream) -> String {
+/// `source NAME`, or `pool A + B` for a pool of several sources.
+fn what(upstreams: &[Upstream], pool: &[usize]) -> String {
+    let names: Vec<String> = pool.iter().map(|&m| comment(&upstreams[m].name)).collect();
+    match names.len() {
+        1 => format!("source {}", names[0]),
+        _ => format!("pool {}", names.join(" + ")),
+    }
+}
+
+/// The body of the location of `pool` (its members are reached alike: checked by `resolve`).
+fn proxy(role: Role, upstreams: &[Upstream], pool: &[usize]) -> String {
+    let i = pool[0];
+    let up = &upstreams[i];
     let mut b = String::new();
     let host = up
         .host_header
@@ -214,6 +297,36 @@ fn proxy(i: usize, up: &Upstream) -> String {
         let server_name = up.host_header.as_deref().map(quote).unwrap_or_default();
         let _ = writeln!(b, "            proxy_ssl_server_name on;");
         let _ = writeln!(b, "            proxy_ssl_name \"{server_name}\";");
+    }
+    if pool.len() > 1 {
+        // Failover: a member that refuses, times out or answers 502/503/504 is skipped for this
+        // request (each member at most once, within bounded time) and counts a failure.
+        let _ = writeln!(
+            b,
+            "            proxy_next_upstream error timeout http_502 http_503 http_504;"
+        );
+        let _ = writeln!(b, "            proxy_next_upstream_tries {};", pool.len());
+        let _ = writeln!(
+            b,
+            "            proxy_next_upstream_timeout {POOL_NEXT_TIMEOUT};"
+        );
+        let _ = writeln!(
+            b,
+            "            proxy_connect_timeout {POOL_CONNECT_TIMEOUT};"
+        );
+        let _ = writeln!(b, "            proxy_read_timeout {POOL_READ_TIMEOUT};");
+        // Which member answered (after those that failed): for debugging the balance.
+        let _ = writeln!(
+            b,
+            "            add_header {UPSTREAM_HEADER} $upstream_addr always;"
+        );
+        if role == Role::Cache {
+            // A location's add_header replaces the server's: repeat the cache status.
+            let _ = writeln!(
+                b,
+                "            add_header {CACHE_STATUS_HEADER} $upstream_cache_status always;"
+            );
+        }
     }
     let _ = writeln!(b, "            proxy_pass {}://source_{i};", up.scheme);
     b

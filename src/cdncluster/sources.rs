@@ -1,7 +1,7 @@
 //! Dereference and validate a CdnCluster's sources: pure, given a lookup of CdnClusters in the
 //! same namespace (the controller's store).
 
-use super::nginx::Upstream;
+use super::nginx::{describe_pool, pools, Upstream};
 use crate::api::{CdnCluster, MAX_NAME_LEN};
 use kube::ResourceExt;
 use std::collections::HashSet;
@@ -35,7 +35,6 @@ where
     check_name(&name).map_err(Problem::Invalid)?;
 
     let mut seen = HashSet::new();
-    let mut defaults = Vec::new();
     for source in &cluster.spec.sources {
         if source.name.is_empty() {
             return Err(Problem::Invalid("a source has an empty name".into()));
@@ -49,21 +48,21 @@ where
         if source.origin.is_none() && source.name == name {
             return Err(Problem::Invalid(format!("{name} lists itself as a source")));
         }
-        match &source.path_condition {
-            Some(regex) => check_regex(regex).map_err(|e| {
+        if let Some(regex) = &source.path_condition {
+            check_regex(regex).map_err(|e| {
                 Problem::Invalid(format!(
                     "source {}: pathCondition {regex:?} is not a valid regular expression: {e}",
                     source.name
                 ))
-            })?,
-            None => defaults.push(source.name.as_str()),
+            })?;
         }
-    }
-    if defaults.len() > 1 {
-        return Err(Problem::Invalid(format!(
-            "sources {} have no pathCondition: at most one source may be the default",
-            defaults.join(" and ")
-        )));
+        if !(1..=MAX_WEIGHT).contains(&source.weight()) {
+            return Err(Problem::Invalid(format!(
+                "source {}: weight {} is out of range: 1 to {MAX_WEIGHT}",
+                source.name,
+                source.weight()
+            )));
+        }
     }
     if let Some(cycle) = find_cycle(cluster, &lookup) {
         return Err(Problem::Invalid(format!(
@@ -83,6 +82,7 @@ where
             host_header: None,
             path_prefix: String::new(),
             revision: None,
+            weight: source.weight().unsigned_abs(),
         };
         match &source.origin {
             None => match lookup(&source.name) {
@@ -127,10 +127,43 @@ where
         }
         upstreams.push(upstream);
     }
+    check_pools(&upstreams).map_err(Problem::Invalid)?;
     if !missing.is_empty() {
         return Err(Problem::Missing(missing));
     }
     Ok(upstreams)
+}
+
+/// The largest `weight` of a source: nginx gives each unit of weight 160 points on the hash ring.
+pub const MAX_WEIGHT: i32 = 100;
+
+/// The members of a pool share one location, so one `Host` header, scheme and path prefix: they
+/// must be reached the same way.
+fn check_pools(upstreams: &[Upstream]) -> Result<(), String> {
+    for pool in pools(upstreams) {
+        let first = &upstreams[pool[0]];
+        let reach = |u: &Upstream| (u.scheme, u.host_header.clone(), u.path_prefix.clone());
+        if let Some(other) = pool
+            .iter()
+            .map(|&i| &upstreams[i])
+            .find(|u| reach(u) != reach(first))
+        {
+            let how = |u: &Upstream| match &u.host_header {
+                None => format!("{} is reached over http with the client's Host", u.name),
+                Some(host) => format!(
+                    "{} is the URL origin {}://{host}{}",
+                    u.name, u.scheme, u.path_prefix
+                ),
+            };
+            return Err(format!(
+                "{} cannot be balanced: {} but {}; a pool's members must all be CdnClusters or Service origins, or URL origins of the same scheme, host and path",
+                describe_pool(upstreams, &pool),
+                how(first),
+                how(other)
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Names the children cannot carry are refused with the reason (the CRD refuses them too).

@@ -90,12 +90,27 @@ fn invalid_specs_are_refused_with_a_reason() {
     );
     assert!(invalid(&twice, &[]).contains("listed twice"));
 
-    let defaults = cluster(
+    // Several defaults are a pool now (see below); members reached differently are not.
+    let mixed = cluster(
         "a",
         Role::Cache,
-        vec![Source::cluster("b", None), Source::cluster("c", None)],
+        vec![
+            Source::cluster("b", None),
+            Source::url("web", "https://o.example.com/x", None),
+        ],
     );
-    assert!(invalid(&defaults, &[]).contains("at most one source may be the default"));
+    assert_eq!(
+        invalid(&mixed, &[]),
+        "pool b + web (default) cannot be balanced: b is reached over http with the client's Host \
+         but web is the URL origin https://o.example.com/x; a pool's members must all be \
+         CdnClusters or Service origins, or URL origins of the same scheme, host and path"
+    );
+    let heavy = cluster(
+        "a",
+        Role::Cache,
+        vec![Source::cluster("b", None).weighted(0)],
+    );
+    assert!(invalid(&heavy, &[]).contains("source b: weight 0 is out of range: 1 to 100"));
 
     let regex = cluster(
         "a",
@@ -114,6 +129,127 @@ fn invalid_specs_are_refused_with_a_reason() {
     assert!(invalid(&long, &[]).contains("at most 52"));
     let dotted = cluster("a.b", Role::Cache, vec![]);
     assert!(invalid(&dotted, &[]).contains("DNS-1035"));
+}
+
+fn pool_world() -> Vec<CdnCluster> {
+    vec![
+        cluster(
+            "balancer",
+            Role::Balancer,
+            vec![
+                Source::cluster("cache-a", None).weighted(2),
+                Source::cluster("live", Some("^/live/")),
+                Source::cluster("cache-b", None),
+                Source::cluster("cache-c", None),
+            ],
+        ),
+        cluster("cache-a", Role::Cache, vec![]),
+        cluster("cache-b", Role::Cache, vec![]),
+        cluster("cache-c", Role::Cache, vec![]),
+        cluster("live", Role::Cache, vec![]),
+    ]
+}
+
+#[test]
+fn sources_sharing_a_condition_are_one_pool_balanced_by_consistent_hashing() {
+    let all = pool_world();
+    let ups = sources::resolve(&all[0], world(&all)).unwrap();
+    assert_eq!(nginx::pools(&ups), vec![vec![0, 2, 3], vec![1]]);
+    assert_eq!(
+        nginx::describe_pool(&ups, &[0, 2, 3]),
+        "pool cache-a + cache-b + cache-c (default)"
+    );
+    assert_eq!(
+        ups.iter().map(|u| u.weight).collect::<Vec<_>>(),
+        [2, 1, 1, 1]
+    );
+    let conf = build::config(&all[0], &ups, &Paths::default());
+    assert!(
+        conf.contains(
+            "    upstream source_0 {\n        hash $request_uri consistent;\n        zone source_0 64k;\n\
+             \x20       server cache-a.default.svc:80 weight=2 max_fails=2 fail_timeout=5s;\n\
+             \x20       server cache-b.default.svc:80 weight=1 max_fails=2 fail_timeout=5s;\n\
+             \x20       server cache-c.default.svc:80 weight=1 max_fails=2 fail_timeout=5s;\n\
+             \x20       keepalive 32;\n    }"
+        ),
+        "{conf}"
+    );
+    assert!(conf.contains("    # source cache-b (revision uid-cache-b)\n"));
+    // A pool of one is written as a source always was: no hashing, no failover.
+    assert!(conf.contains("    upstream source_1 {\n        server live.default.svc:80;\n        keepalive 32;\n    }"));
+    assert_eq!(conf.matches("upstream source_").count(), 2);
+    assert!(!conf.contains("source_2") && !conf.contains("source_3"));
+    let default = conf
+        .find("        # default pool cache-a + cache-b + cache-c\n        location / {")
+        .unwrap();
+    assert!(conf.find("location ~ \"^/live/\"").unwrap() < default);
+    let location = &conf[default..];
+    for line in [
+        "proxy_next_upstream error timeout http_502 http_503 http_504;",
+        "proxy_next_upstream_tries 3;",
+        "proxy_next_upstream_timeout 15s;",
+        "proxy_connect_timeout 3s;",
+        "proxy_read_timeout 10s;",
+        "add_header X-Cdn-Upstream $upstream_addr always;",
+        "proxy_pass http://source_0;",
+    ] {
+        assert!(location.contains(line), "{line} missing in\n{location}");
+    }
+    // A balancer passes the cache's X-Cache-Status on; it adds none.
+    assert!(!location.contains("add_header X-Cache-Status"));
+    assert_eq!(
+        conf.matches("proxy_next_upstream ").count(),
+        1,
+        "not for a pool of one"
+    );
+
+    // In a cache, a pool's location repeats the cache status (a location's add_header
+    // replaces the server's).
+    let origins = cluster(
+        "c",
+        Role::Cache,
+        vec![
+            Source::url("o1", "http://o.example.com:8080/v", Some("^/v/")),
+            Source::url("o2", "http://o.example.com:8081/v", Some("^/v/")),
+        ],
+    );
+    let ups = sources::resolve(&origins, world(&[])).unwrap();
+    let conf = build::config(&origins, &ups, &Paths::default());
+    let location = &conf[conf
+        .find("# pool o1 + o2\n        location ~ \"^/v/\"")
+        .unwrap()..];
+    assert!(location.contains("add_header X-Cache-Status $upstream_cache_status always;"));
+    assert!(location.contains("proxy_set_header Host \"o.example.com\";"));
+}
+
+#[test]
+fn a_pool_reaches_the_status_by_its_members() {
+    let c = cluster(
+        "b",
+        Role::Balancer,
+        vec![
+            Source::service("store", "store", 80, Some("^/s/")),
+            Source::url("web", "http://web.example.com", Some("^/s/")),
+        ],
+    );
+    let problem = sources::resolve(&c, world(&[])).unwrap_err();
+    let next = status::desired(&c, Observed::Problem(&problem), &now());
+    assert_eq!(next.state, Some(State::Invalid));
+    let ready = crate::conditions::find(&next.conditions, status::READY).unwrap();
+    assert!(
+        ready
+            .message
+            .starts_with("pool store + web (pathCondition \"^/s/\") cannot be balanced"),
+        "{}",
+        ready.message
+    );
+    // A missing member is waited for, named as the seed names a missing source.
+    let all = pool_world();
+    let problem = sources::resolve(&all[0], world(&all[..2])).unwrap_err();
+    assert_eq!(
+        status::describe(&problem),
+        "Source live not found, will retry later"
+    );
 }
 
 #[test]
@@ -139,6 +275,7 @@ fn origins_resolve_to_urls_and_services() {
                     url: Some("https://origin.example.com/media/".into()),
                     service: None,
                 }),
+                weight: None,
             },
             Source {
                 name: "store".into(),
@@ -150,6 +287,7 @@ fn origins_resolve_to_urls_and_services() {
                         port: 8080,
                     }),
                 }),
+                weight: None,
             },
         ],
     );
@@ -327,6 +465,7 @@ fn nginx_routes_in_order_with_default_or_404() {
         host_header: None,
         path_prefix: String::new(),
         revision: None,
+        weight: 1,
     };
     let c = cluster("b", Role::Balancer, vec![]);
     let conf = build::config(
@@ -366,6 +505,7 @@ fn nginx_quotes_regexes_and_caches_as_tuned() {
         host_header: None,
         path_prefix: String::new(),
         revision: None,
+        weight: 1,
     };
     let conf = build::config(&c, &[tricky], &Paths::default());
     assert!(conf.contains(r#"location ~ "^/a\"b\\d+$" {"#), "{conf}");

@@ -84,6 +84,9 @@ pub struct Edge {
     pub target: Target,
     /// The edge is part of a cycle of CdnCluster sources.
     pub cycle: bool,
+    /// How many sources share its pathCondition (its pool; 1 alone) and its weight there.
+    pub pool_size: usize,
+    pub weight: i32,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -140,6 +143,13 @@ impl Topology {
                         path_condition: source.path_condition.clone(),
                         cycle: source.origin.is_none()
                             && cycle.contains(&(name.clone(), source.name.clone())),
+                        pool_size: cluster
+                            .spec
+                            .sources
+                            .iter()
+                            .filter(|s| s.path_condition == source.path_condition)
+                            .count(),
+                        weight: source.weight(),
                         target,
                     }
                 })
@@ -484,9 +494,21 @@ fn origin(target: &Target) -> String {
     }
 }
 
-/// The paths an edge carries: its pathCondition, or `default` for the default source.
+/// The paths an edge carries: its pathCondition, or `default` for the default source; a pool's
+/// members say so, with their weight when it is not 1.
 fn edge_label(edge: &Edge) -> String {
-    let label = edge.path_condition.as_deref().unwrap_or("default");
+    let mut label = edge
+        .path_condition
+        .as_deref()
+        .unwrap_or("default")
+        .to_string();
+    if edge.pool_size > 1 {
+        let _ = write!(label, " (pool of {}", edge.pool_size);
+        if edge.weight != 1 {
+            let _ = write!(label, ", weight {}", edge.weight);
+        }
+        label.push(')');
+    }
     if edge.cycle {
         format!("{label} (cycle)")
     } else {
