@@ -204,7 +204,7 @@ impl Metrics {
 /// The exposition for `Accept`: OpenMetrics when asked for, else the classic text format. Two
 /// formats, because readers of the classic one (promtool check metrics, older scrapers, curl
 /// users' tools) take OpenMetrics counters, named without `_total`, for families with no HELP
-/// (`tests/runtime_process.rs` shows promtool doing so).
+/// (`tests/process/probes_and_metrics.rs` shows promtool doing so).
 pub fn negotiate(metrics: &Metrics, accept: Option<&str>) -> (&'static str, String) {
     let openmetrics = metrics.encode();
     if accept.is_some_and(|a| a.contains("application/openmetrics-text")) {
