@@ -19,3 +19,16 @@ pub mod runtime;
 
 /// The operator's version, as built.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// A command's fatal failure: the message on one line of stderr, exit code 1. Some errors (a YAML
+/// parser's, with its source snippet) span lines.
+pub fn fail(message: &str) -> std::process::ExitCode {
+    let line = message
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ");
+    eprintln!("cdn-operator: {line}");
+    std::process::ExitCode::FAILURE
+}

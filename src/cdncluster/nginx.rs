@@ -2,8 +2,9 @@
 //!
 //! Routing: regex locations in source order (nginx tries them in the order written, first match
 //! wins), then `location /` for the default source, or a 404 when there is none. Sources that
-//! share a pathCondition (or have none) are a pool: one location, one upstream of several servers. `/healthz` is an
-//! exact location, which nginx checks before any regex, so probes never reach a source.
+//! share a pathCondition (or have none) are a pool: one location, one upstream of several
+//! servers. `/healthz` is an exact location, which nginx checks before any regex, so probes never
+//! reach a source.
 
 use crate::api::Role;
 use std::fmt::Write;

@@ -553,7 +553,7 @@ pub fn main(args: Args) -> ExitCode {
     let topology = if args.files.is_empty() {
         match from_cluster(&args) {
             Ok(t) => t,
-            Err(error) => return super::fail(&error),
+            Err(error) => return crate::fail(&error),
         }
     } else {
         match Manifests::read(
@@ -565,7 +565,7 @@ pub fn main(args: Args) -> ExitCode {
                 super::print_notes(&manifests.notes);
                 Topology::of(&manifests.clusters, true)
             }
-            Err(error) => return super::fail(&error),
+            Err(error) => return crate::fail(&error),
         }
     };
     print!("{}", topology.format(args.output));

@@ -120,7 +120,7 @@ pub fn main(args: Args) -> ExitCode {
         std::io::stdin().lock(),
     ) {
         Ok(m) => m,
-        Err(error) => return super::fail(&error),
+        Err(error) => return crate::fail(&error),
     };
     super::print_notes(&manifests.notes);
     match render(&manifests) {

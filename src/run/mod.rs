@@ -26,10 +26,7 @@ use std::time::Duration;
 pub fn main(args: Args) -> ExitCode {
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
-        Err(error) => {
-            eprintln!("cdn-operator: cannot start the async runtime: {error}");
-            return ExitCode::FAILURE;
-        }
+        Err(error) => return crate::fail(&format!("cannot start the async runtime: {error}")),
     };
     let result = runtime.block_on(async {
         let telemetry = telemetry::init(&args.telemetry()?)?;
@@ -41,21 +38,8 @@ pub fn main(args: Args) -> ExitCode {
     runtime.shutdown_timeout(Duration::from_secs(1));
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(error) => {
-            eprintln!("cdn-operator: {}", one_line(&error));
-            ExitCode::FAILURE
-        }
+        Err(error) => crate::fail(&error),
     }
-}
-
-/// Some errors (a YAML parser's, with its source snippet) span lines: the fatal message is one.
-fn one_line(message: &str) -> String {
-    message
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty())
-        .collect::<Vec<_>>()
-        .join(" ")
 }
 
 async fn telemetry_shutdown(telemetry: Telemetry) {
