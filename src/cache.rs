@@ -9,6 +9,7 @@ use kube::{Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use std::fmt::Debug;
 use std::hash::Hash;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 
@@ -82,11 +83,13 @@ pub fn strip<K: Resource>(obj: &mut K) {
 
 /// A cached watch of `api`: the store, and the stream that fills it (to be polled by a
 /// controller), each object [`strip`]ped before caching. `observe(event, cache)` sees each event
-/// before the cache takes it, so the cache still holds the object's previous version.
+/// before the cache takes it, so the cache still holds the object's previous version. A re-list
+/// is told to `relists` (see [`Relists`]).
 pub fn cached<K, F>(
     api: Api<K>,
     config: watcher::Config,
-    mut observe: F,
+    relists: &Relists,
+    observe: F,
 ) -> (
     Store<K>,
     impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
@@ -96,18 +99,87 @@ where
     K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
     F: FnMut(&watcher::Event<K>, &Store<K>) + Send + 'static,
 {
+    caching(watcher(api, config).default_backoff(), relists, observe)
+}
+
+/// [`cached`] over any stream of watch events.
+fn caching<K, F>(
+    events: impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
+    relists: &Relists,
+    mut observe: F,
+) -> (
+    Store<K>,
+    impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
+)
+where
+    K: Resource + Clone + Debug + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
+    F: FnMut(&watcher::Event<K>, &Store<K>) + Send + 'static,
+{
     let (reader, writer) = reflector::store();
     let cache = reader.clone();
-    let stream = watcher(api, config)
-        .default_backoff()
+    let relists = relists.clone();
+    let mut listed_once = false;
+    let stream = events
         .modify(strip)
         .inspect(move |event| {
             if let Ok(event) = event {
                 observe(event, &cache);
             }
         })
-        .reflect(writer);
+        .reflect(writer)
+        // The objects of a re-list go to the store's buffer, which replaces the store only at its
+        // end: a reconcile they triggered would read the world from before the watch lost its
+        // place (and one for an object created meanwhile would find nothing and be dropped). So
+        // they trigger nothing; at the end, with the store replaced, `relists` has every object
+        // reconciled, which also covers what was deleted meanwhile (no event says so).
+        .filter(move |event| {
+            let keep = match event {
+                Ok(watcher::Event::InitApply(_)) => !listed_once,
+                Ok(watcher::Event::InitDone) => {
+                    if listed_once {
+                        relists.tell();
+                    }
+                    listed_once = true;
+                    true
+                }
+                _ => true,
+            };
+            futures::future::ready(keep)
+        });
     (reader, stream)
+}
+
+/// When a controller's caches list again after the first time: their watch lost its place (the
+/// API server answered 410 Gone) and listed everything anew. Each controller reconciles every
+/// object then ([`Relists::listed_again`]), with the caches fresh.
+#[derive(Clone)]
+pub struct Relists {
+    tx: Arc<watch::Sender<()>>,
+}
+
+impl Default for Relists {
+    fn default() -> Self {
+        Relists {
+            tx: Arc::new(watch::Sender::new(())),
+        }
+    }
+}
+
+impl Relists {
+    fn tell(&self) {
+        self.tx.send_replace(());
+    }
+
+    /// Yields once after each re-list that ends after this call (several in a row may yield once).
+    pub fn listed_again(&self) -> impl Stream<Item = ()> + Send + 'static {
+        let mut rx = self.tx.subscribe();
+        rx.mark_unchanged();
+        futures::stream::unfold(rx, |mut rx| async move {
+            rx.changed().await.ok()?;
+            Some(((), rx))
+        })
+    }
 }
 
 /// A cache that tells when it has listed once, whatever it holds.
@@ -171,5 +243,95 @@ impl CachesReady {
         let mut rx = self.rx.clone();
         // An error means the poller is gone without opening: the runtime is shutting down.
         let _ = rx.wait_for(|ready| *ready).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::channel::mpsc;
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::runtime::controller::{Action, Controller};
+    use std::collections::BTreeSet;
+    use std::sync::Mutex;
+
+    type Seen = Arc<Mutex<Vec<(String, BTreeSet<String>)>>>;
+
+    fn config_map(name: &str) -> ConfigMap {
+        let mut cm = ConfigMap::default();
+        cm.metadata.name = Some(name.into());
+        cm.metadata.namespace = Some("ns".into());
+        cm
+    }
+
+    fn names(store: &Store<ConfigMap>) -> BTreeSet<String> {
+        store.state().iter().map(|cm| cm.name_any()).collect()
+    }
+
+    async fn until(seen: &Seen, what: impl Fn(&[(String, BTreeSet<String>)]) -> bool) -> bool {
+        for _ in 0..200 {
+            if what(&seen.lock().unwrap()) {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        false
+    }
+
+    /// A controller wired as the operator's are, on a watch that lists, loses its place and lists
+    /// again, finding `b` created meanwhile. Read during the re-list, the cache would still lack
+    /// `b`: a parent of `b` reconciled then would wait for it forever, and `b` itself would be
+    /// dropped as not found.
+    #[tokio::test]
+    async fn after_a_relist_every_object_is_reconciled_on_the_new_cache_and_none_before() {
+        let (watch, events) = mpsc::unbounded();
+        let relists = Relists::default();
+        let (store, stream) = caching(events, &relists, |_, _| {});
+        let seen: Seen = Arc::default();
+        let controller = Controller::for_stream(stream.applied_objects(), store.clone())
+            .reconcile_all_on(relists.listed_again());
+        let reconcile = |cm: Arc<ConfigMap>, ctx: Arc<(Store<ConfigMap>, Seen)>| async move {
+            let (store, seen) = &*ctx;
+            seen.lock().unwrap().push((cm.name_any(), names(store)));
+            Ok::<_, kube::Error>(Action::await_change())
+        };
+        let ctx = Arc::new((store.clone(), seen.clone()));
+        let run = controller.run(reconcile, |_, _, _| Action::await_change(), ctx);
+        let task = tokio::spawn(run.for_each(|_| async {}));
+
+        let send = |event| watch.unbounded_send(Ok(event)).unwrap();
+        send(watcher::Event::Init);
+        send(watcher::Event::InitApply(config_map("a")));
+        send(watcher::Event::InitDone);
+        assert!(
+            until(&seen, |s| s.len() == 1).await,
+            "the first list reconciles a"
+        );
+
+        send(watcher::Event::Init);
+        send(watcher::Event::InitApply(config_map("a")));
+        send(watcher::Event::InitApply(config_map("b")));
+        // Time for the controller to act on the re-listed objects, were it told of them.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        send(watcher::Event::InitDone);
+        assert!(
+            until(&seen, |s| s.iter().any(|(name, _)| name == "b")).await,
+            "b, created while the watch was away, is reconciled: {seen:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let both = BTreeSet::from(["a".to_string(), "b".to_string()]);
+        let mut seen = seen.lock().unwrap().clone();
+        // The two reconciles after the re-list run in any order.
+        seen[1..].sort();
+        assert_eq!(
+            seen,
+            [
+                ("a".to_string(), BTreeSet::from(["a".to_string()])),
+                ("a".to_string(), both.clone()),
+                ("b".to_string(), both),
+            ],
+            "each reconcile after the re-list read the new cache"
+        );
+        task.abort();
     }
 }

@@ -26,7 +26,7 @@ pub mod status;
 
 use crate::api::At;
 use crate::apply;
-use crate::cache::{self, CachesReady, Scope};
+use crate::cache::{self, CachesReady, Relists, Scope};
 use crate::events::Events;
 use crate::reconcile::{self, Error, Leadership, Shared};
 use futures::StreamExt;
@@ -94,14 +94,17 @@ pub fn controller(
     leadership: Leadership,
     concurrency: u16,
 ) -> (Arc<Context>, Controller<At>, Controller<Pod>) {
+    let relists = Relists::default();
     let (ats, at_events) = cache::cached(
         scope.api::<At>(client.clone()),
         watcher::Config::default(),
+        &relists,
         |_, _| {},
     );
     let (pods, pod_events) = cache::cached(
         scope.api::<Pod>(client.clone()),
         watcher::Config::default().labels(&build::selector()),
+        &relists,
         |_, _| {},
     );
 
@@ -128,6 +131,7 @@ pub fn controller(
     let ats_controller = Controller::for_stream(at_stream.applied_objects(), ats.clone())
         .watches_stream(pod_stream.touched_objects(), owners)
         .reconcile_all_on(leadership.acquired())
+        .reconcile_all_on(relists.listed_again())
         .with_config(config.clone());
     let janitor = Controller::for_stream(
         futures::stream::empty::<Result<Pod, watcher::Error>>(),
@@ -135,6 +139,7 @@ pub fn controller(
     )
     .reconcile_on(UnboundedReceiverStream::new(orphans_rx))
     .reconcile_all_on(leadership.acquired())
+    .reconcile_all_on(relists.listed_again())
     .with_config(config);
 
     let ready = CachesReady::of(vec![Box::new(ats.clone()), Box::new(pods.clone())]);

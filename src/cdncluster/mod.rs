@@ -9,7 +9,7 @@ pub mod status;
 
 use crate::api::CdnCluster;
 use crate::apply;
-use crate::cache::{self, CachesReady, Scope};
+use crate::cache::{self, CachesReady, Relists, Scope};
 use crate::compact::Compact;
 use crate::events::Events;
 use crate::reconcile::{self, Error, Leadership, Shared};
@@ -59,7 +59,8 @@ impl reconcile::Context for Context {
 
 /// Builds the controller and its watches: CdnClusters, and the children the operator labelled as
 /// its own. A change of a CdnCluster also triggers the CdnClusters that list it as a source,
-/// looked up in an index the CdnCluster watch keeps ([`Parents`]).
+/// looked up in an index the CdnCluster watch keeps ([`Parents`]). After a cache lists again,
+/// every CdnCluster is reconciled ([`Relists`]).
 pub fn controller(
     client: Client,
     scope: &Scope,
@@ -68,19 +69,23 @@ pub fn controller(
     concurrency: u16,
 ) -> (Arc<Context>, Controller<CdnCluster>) {
     let children = watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}"));
+    let relists = Relists::default();
     let (deployments, deployment_events) = cache::cached(
         scope.api::<Compact<Deployment>>(client.clone()),
         children.clone(),
+        &relists,
         |_, _| {},
     );
     let (config_maps, config_map_events) = cache::cached(
         scope.api::<Compact<ConfigMap>>(client.clone()),
         children.clone(),
+        &relists,
         |_, _| {},
     );
     let (services, service_events) = cache::cached(
         scope.api::<Compact<Service>>(client.clone()),
         children,
+        &relists,
         |_, _| {},
     );
 
@@ -89,6 +94,7 @@ pub fn controller(
     let (clusters, cluster_events) = cache::cached(
         scope.api::<CdnCluster>(client.clone()),
         watcher::Config::default(),
+        &relists,
         move |event, cache: &Store<CdnCluster>| {
             let old = match event {
                 watcher::Event::Apply(obj) | watcher::Event::Delete(obj) => {
@@ -115,6 +121,7 @@ pub fn controller(
         .owns_stream(service_events.touched_objects())
         .reconcile_on(UnboundedReceiverStream::new(parents_rx))
         .reconcile_all_on(leadership.acquired())
+        .reconcile_all_on(relists.listed_again())
         .with_config(Config::default().concurrency(concurrency));
 
     let ready = CachesReady::of(vec![
