@@ -103,7 +103,7 @@ fn an_invalid_topology_exits_1_with_the_condition_messages_and_prints_nothing() 
 async fn the_messages_are_those_of_the_ready_condition() {
     let manifests = Manifests::read(&[input("invalid-topology.yaml")], None, std::io::empty())
         .expect("readable");
-    let problems = render(&manifests).unwrap_err();
+    let problems = render(&manifests, &Default::default()).unwrap_err();
 
     let fake = support::FakeApi::new().await;
     let api: Api<CdnCluster> = Api::namespaced(fake.client.clone(), "default");
@@ -218,7 +218,7 @@ async fn render_prints_what_the_reconcile_applies() {
         clusters: live,
         ..Manifests::default()
     };
-    let rendered = render(&exported).expect("the seed examples are valid");
+    let rendered = render(&exported, &Default::default()).expect("the seed examples are valid");
     assert_eq!(rendered.clusters.len(), 3);
     for children in &rendered.clusters {
         assert_applied(&fake, &children.config_map).await;
@@ -227,7 +227,7 @@ async fn render_prints_what_the_reconcile_applies() {
     }
 
     // From the files: no uid, so no owner and no source revision; nothing else differs.
-    let from_files = render(&files).unwrap();
+    let from_files = render(&files, &Default::default()).unwrap();
     for (offline, exported) in from_files.clusters.iter().zip(&rendered.clusters) {
         assert_eq!(
             without_uids(&offline.config_map),
