@@ -17,8 +17,8 @@ use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service};
 use kube::api::{Api, ListParams, PostParams};
 use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
-use serde::Serialize;
-use serde_json::Value;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
 use std::sync::Arc;
 
 #[test]
@@ -184,6 +184,49 @@ fn exit_codes_tell_usage_from_input_errors() {
     bad.fails_in_one_line(
         1,
         "cdn-operator: stdin: document 1: CdnCluster \"a\" is not valid: ",
+    );
+}
+
+#[test]
+fn the_pod_ids_flags_pin_every_pod_and_refuse_root() {
+    let seed = seed_examples();
+    let run = cdn_operator(
+        &[
+            "render",
+            "--pod-run-as-user=1000680000",
+            "--pod-run-as-group=0",
+            "--pod-fs-group=1000680000",
+            "-f",
+            path(&seed),
+        ],
+        "",
+    );
+    assert_eq!((run.code, run.stderr.as_str()), (0, ""));
+    let pods: Vec<Value> = serde_yaml::Deserializer::from_str(&run.stdout)
+        .map(|doc| Value::deserialize(doc).unwrap())
+        .filter_map(|o| match o["kind"].as_str() {
+            Some("Deployment") => Some(o["spec"]["template"]["spec"].clone()),
+            Some("Pod") => Some(o["spec"].clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(pods.len(), 4, "three nginx Deployments and the At's pod");
+    for pod in pods {
+        let psc = &pod["securityContext"];
+        assert_eq!(
+            (&psc["runAsUser"], &psc["runAsGroup"], &psc["fsGroup"]),
+            (&json!(1000680000), &json!(0), &json!(1000680000)),
+            "{psc}"
+        );
+        assert_eq!(psc["runAsNonRoot"], json!(true));
+    }
+    let root = cdn_operator(&["render", "--pod-run-as-user=0", "-f", path(&seed)], "");
+    assert_eq!(root.code, 2, "{}", root.stderr);
+    assert!(
+        root.stderr
+            .contains("invalid value '0' for '--pod-run-as-user <UID>'"),
+        "{}",
+        root.stderr
     );
 }
 
