@@ -9,6 +9,9 @@
   crd-for-objects CRD.yaml OUT                 the CRD with the root fields every object has
   all-in-namespace NS RENDERED.yaml            every namespaced object and RBAC subject is in NS
   same-crds RENDERED.yaml CRD.yaml...          the rendered CRDs are these (labels, annotations aside)
+  pod-ids none|pinned RENDERED.yaml...         no pod fixes a UID/GID (OpenShift assigns them), or
+                                               the operator and the pods it creates are pinned
+  no-kind KIND RENDERED.yaml                   no object of KIND (an overlay must not own it)
 """
 import json
 import sys
@@ -132,12 +135,61 @@ def same_crds(rendered, *crd_files):
     print(f"{len(got)} CRDs rendered as generated")
 
 
+ID_FIELDS = ("runAsUser", "runAsGroup", "fsGroup")
+POD_ID_FLAGS = ("--pod-run-as-user=", "--pod-run-as-group=", "--pod-fs-group=")
+
+
+def pod_specs(o):
+    """(name, pod spec) of every pod an object runs: Pods, workloads' templates, a CSV's deployments."""
+    name = f"{o['kind']}/{o['metadata']['name']}"
+    if o["kind"] == "Pod":
+        yield name, o["spec"]
+    elif o["kind"] in ("Deployment", "StatefulSet", "DaemonSet", "Job"):
+        yield name, o["spec"]["template"]["spec"]
+    elif o["kind"] == "ClusterServiceVersion":
+        for d in o["spec"]["install"]["spec"]["deployments"]:
+            yield f"{name} deployment {d['name']}", d["spec"]["template"]["spec"]
+
+
+def pod_ids(mode, *paths):
+    operators = 0
+    for path in paths:
+        for o in docs(path):
+            for name, spec in pod_specs(o):
+                psc = spec.get("securityContext") or {}
+                if psc.get("runAsNonRoot") is not True:
+                    sys.exit(f"{path}: {name}: the pod does not set runAsNonRoot: true")
+                fixed = {f"pod {k}": psc[k] for k in ID_FIELDS if k in psc}
+                flags = []
+                for c in spec["containers"]:
+                    csc = c.get("securityContext") or {}
+                    fixed.update({f"{c['name']} {k}": csc[k] for k in ID_FIELDS if k in csc})
+                    flags += [a for a in c.get("args", []) if a.startswith(POD_ID_FLAGS)]
+                operator = any(c.get("args", [])[:1] == ["run"] for c in spec["containers"])
+                operators += operator
+                if mode == "none" and (fixed or flags):
+                    sys.exit(f"{path}: {name} fixes ids (OpenShift's restricted-v2 refuses them): {fixed} {flags}")
+                if mode == "pinned" and operator:
+                    if "pod runAsUser" not in fixed or len(flags) != len(POD_ID_FLAGS):
+                        sys.exit(f"{path}: {name}: asked for pinned ids, got {fixed} {flags}")
+    if not operators:
+        sys.exit(f"{' '.join(paths)}: no operator Deployment found")
+    print(f"pod ids: {mode} ({operators} operator deployments)")
+
+
+def no_kind(kind, path):
+    found = [o["metadata"]["name"] for o in docs(path) if o["kind"] == kind]
+    if found:
+        sys.exit(f"{path}: has {kind} {found}")
+    print(f"no {kind} in {path}")
+
+
 def main():
     cmd, args = sys.argv[1], sys.argv[2:]
     {"rules-file": rules_file, "dashboard-rules": dashboard_rules, "alm-examples": alm_examples,
      "same-rbac": same_rbac, "no-cluster-rbac": no_cluster_rbac,
      "crd-for-objects": crd_for_objects, "all-in-namespace": all_in_namespace,
-     "same-crds": same_crds}[cmd](*args)
+     "same-crds": same_crds, "pod-ids": pod_ids, "no-kind": no_kind}[cmd](*args)
 
 
 if __name__ == "__main__":

@@ -44,6 +44,22 @@ for k in kustomize/base kustomize/overlays/single-namespace kustomize/overlays/m
   echo "ok $k ($(grep -c '^kind:' "$out") objects)"
 done
 "$py" scripts/artifact_checks.py no-cluster-rbac "$work/kustomize-kustomize-overlays-single-namespace.yaml"
+# The single-namespace overlay installs into the user's namespace: it must not own (label, delete) it.
+"$py" scripts/artifact_checks.py no-kind Namespace "$work/kustomize-kustomize-overlays-single-namespace.yaml"
+# No fixed UID by default (OpenShift's restricted-v2 assigns one); components/pinned-ids pins them.
+"$py" scripts/artifact_checks.py pod-ids none "$work"/kustomize-*.yaml
+mkdir -p "$work/overlay-pinned"
+cat >"$work/overlay-pinned/kustomization.yaml" <<EOF_K
+apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+resources:
+  - $(realpath --relative-to="$work/overlay-pinned" kustomize/base)
+components:
+  - $(realpath --relative-to="$work/overlay-pinned" kustomize/components/pinned-ids)
+EOF_K
+kubectl kustomize "$work/overlay-pinned" >"$work/pinned.yaml"
+kubernetes-validate --strict --quiet "$work/pinned.yaml"
+"$py" scripts/artifact_checks.py pod-ids pinned "$work/pinned.yaml"
 # A user's overlay that moves the install to another namespace moves the RBAC subjects with it.
 mkdir -p "$work/overlay-team-a"
 cat >"$work/overlay-team-a/kustomization.yaml" <<EOF_K
@@ -55,6 +71,7 @@ resources:
 EOF_K
 kubectl kustomize "$work/overlay-team-a" >"$work/team-a.yaml"
 "$py" scripts/artifact_checks.py all-in-namespace team-a "$work/team-a.yaml"
+"$py" scripts/artifact_checks.py no-kind Namespace "$work/team-a.yaml"
 "$py" scripts/artifact_checks.py all-in-namespace cdn-operator "$work/kustomize-kustomize-base.yaml"
 
 step "helm lint and template, kubernetes-validate --strict (Kubernetes 1.37 and 1.29)"
@@ -86,6 +103,26 @@ if helm lint "$chart" -f tests/helm/values-invalid.yaml >/dev/null 2>&1; then
   echo "values.schema.json accepted tests/helm/values-invalid.yaml"; exit 1
 fi
 echo "ok values.schema.json rejects tests/helm/values-invalid.yaml"
+# Rules between values, in values.schema.json (if/then) so that `helm lint` refuses them too.
+refused() { # MESSAGE HELM-ARGS...: helm lint and helm template both fail, saying MESSAGE
+  local message=$1; shift
+  for cmd in lint template; do
+    if helm "$cmd" "$chart" "$@" >"$work/refused.out" 2>&1; then
+      echo "helm $cmd accepted $*"; exit 1
+    fi
+    grep -qF -- "$message" "$work/refused.out" || { echo "helm $cmd $*: expected '$message'"; cat "$work/refused.out"; exit 1; }
+  done
+  echo "ok helm refuses $*"
+}
+refused 'leaderElection.enabled does not match: true' --set replicaCount=2 --set leaderElection.enabled=false
+refused 'serviceAccount.name: String length must be greater than or equal to 1' --set serviceAccount.create=false
+refused 'managedPods.runAsUser: Must be greater than or equal to 1' --set managedPods.runAsUser=0
+# No fixed UID by default; pinned when asked (tests/helm/values-all-features.yaml); the
+# `helm test` pod is rendered (and validated above).
+"$py" scripts/artifact_checks.py pod-ids none "$work/helm-default.yaml" "$work/helm-single-replica.yaml" \
+  "$work/helm-single-namespace.yaml" bundle/manifests/cdn-operator.clusterserviceversion.yaml
+"$py" scripts/artifact_checks.py pod-ids pinned "$work/helm-all-features.yaml"
+grep -q 'helm.sh/hook: test' "$work/helm-default.yaml" || { echo "no helm test pod rendered"; exit 1; }
 "$py" scripts/artifact_checks.py same-rbac "$work/kustomize-kustomize-base.yaml" "$work/helm-default.yaml"
 "$py" scripts/artifact_checks.py same-rbac "$work/kustomize-kustomize-overlays-single-namespace.yaml" "$work/helm-single-namespace.yaml"
 "$py" scripts/artifact_checks.py no-cluster-rbac "$work/helm-single-namespace.yaml"

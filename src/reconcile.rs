@@ -3,6 +3,7 @@
 
 use crate::cache::CachesReady;
 use crate::events::Events;
+use crate::restricted::RunAs;
 use futures::Stream;
 use kube::runtime::controller::Action;
 use kube::{Client, Resource, ResourceExt};
@@ -19,6 +20,8 @@ pub struct Shared {
     /// Open once every cache of the controller has listed: before that, an object missing from
     /// a cache may exist, and acting on its absence would announce what did not happen.
     pub ready: CachesReady,
+    /// The user and groups pinned on the pods the controller creates (none by default).
+    pub run_as: RunAs,
 }
 
 impl Shared {
@@ -28,6 +31,7 @@ impl Shared {
             events,
             backoff: Backoff::default(),
             ready,
+            run_as: RunAs::default(),
         }
     }
 

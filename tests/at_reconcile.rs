@@ -323,7 +323,8 @@ async fn the_seed_example_runs_at_once() {
         ats: vec![h.at("example-at").await],
         ..Default::default()
     };
-    let rendered = cdn_operator::cli::render::render(&exported).expect("a valid At");
+    let rendered =
+        cdn_operator::cli::render::render(&exported, &Default::default()).expect("a valid At");
     let mut created = support::without_server_fields(&pods[0]);
     created.as_object_mut().unwrap().remove("status");
     let metadata = created["metadata"].as_object_mut().unwrap();
@@ -706,7 +707,7 @@ async fn a_pod_name_taken_by_another_pod_is_waited_for() {
 fn a_pod_event_reconciles_its_at() {
     let mut at: At = serde_json::from_value(at_value("x", PAST)).unwrap();
     at.metadata.uid = Some("uid-x".into());
-    let pod = build::pod(&at);
+    let pod = build::pod(&at, &Default::default());
     assert_eq!(at::owners(pod.clone()), [ObjectRef::new("x").within(NS)]);
     let mut unlabelled = pod;
     unlabelled.metadata.labels = None;

@@ -766,3 +766,230 @@ fn a_pool_spreads_uris_by_consistent_hashing_and_fails_over_without_errors() {
     );
     drop(caches);
 }
+
+/// The uid and gid OpenShift's restricted-v2 SCC runs a pod as: one from the namespace's range,
+/// group root. Neither is known to the image.
+const ARBITRARY_UID: &str = "1000680000";
+const ARBITRARY_GID: &str = "0";
+
+/// nginx started exactly as the pod runs it (the Deployment's command, volumes and mounts), as an
+/// arbitrary uid, in a private mount namespace whose root is the host's made read-only, with a
+/// tmpfs (mode 0777, as an emptyDir) at each emptyDir mount and the configuration read-only at
+/// the ConfigMap's mount. Any write outside the emptyDirs fails. Stopped (SIGQUIT) on drop.
+struct PodNginx {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Drop for PodNginx {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-QUIT", &self.child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start_as_pod(
+    deployment: &k8s_openapi::api::apps::v1::Deployment,
+    conf: &str,
+    dir: &Path,
+    hosts: &Path,
+    addr: &str,
+) -> PodNginx {
+    let pod = deployment
+        .spec
+        .as_ref()
+        .unwrap()
+        .template
+        .spec
+        .as_ref()
+        .unwrap();
+    let container = &pod.containers[0];
+    let volumes = pod.volumes.as_deref().unwrap();
+    let config = dir.join("config");
+    std::fs::create_dir_all(&config).unwrap();
+    std::fs::write(config.join(build::CONFIG_KEY), conf).unwrap();
+    let q = |p: &Path| format!("'{}'", p.display());
+    // Scratch space of the namespace's own (a tmpfs): an overlay of / gives mount points for the
+    // pod's paths without creating anything on the host.
+    let mut script = format!(
+        "set -e\nmount -t tmpfs scratch {d}\nmkdir {d}/upper {d}/work {r}\n\
+         mount -t overlay overlay -o lowerdir=/,upperdir={d}/upper,workdir={d}/work {r}\n\
+         mkdir -p {r}/etc {r}/dev {r}/proc\n\
+         mount --rbind /dev {r}/dev\nmount --rbind /proc {r}/proc\n\
+         touch {r}/etc/hosts\nmount --bind {h} {r}/etc/hosts\n",
+        d = q(&dir.join("ns")),
+        r = q(&dir.join("ns/root")),
+        h = q(hosts),
+    );
+    std::fs::create_dir_all(dir.join("ns")).unwrap();
+    for mount in container.volume_mounts.as_deref().unwrap() {
+        let volume = volumes.iter().find(|v| v.name == mount.name).unwrap();
+        let target = format!("{}{}", dir.join("ns/root").display(), mount.mount_path);
+        script.push_str(&format!("mkdir -p '{target}'\n"));
+        if volume.empty_dir.is_some() {
+            script.push_str(&format!(
+                "mount -t tmpfs -o mode=0777 {} '{target}'\n",
+                mount.name
+            ));
+        } else if volume.config_map.is_some() {
+            assert_eq!(mount.read_only, Some(true), "{} is read-only", mount.name);
+            script.push_str(&format!(
+                "mount --bind {} '{target}'\nmount -o remount,bind,ro '{target}'\n",
+                q(&config)
+            ));
+        } else {
+            panic!("the nginx pod mounts a volume that is neither an emptyDir nor the ConfigMap: {volume:?}");
+        }
+    }
+    // The pod's read-only root filesystem.
+    script.push_str(&format!(
+        "mount -o remount,bind,ro {}\n",
+        q(&dir.join("ns/root"))
+    ));
+    script.push_str(&format!(
+        "export PATH=/usr/sbin:/usr/bin:/sbin:/bin\n\
+         exec chroot {} setpriv --reuid={ARBITRARY_UID} --regid={ARBITRARY_GID} --clear-groups --",
+        q(&dir.join("ns/root"))
+    ));
+    // The container's command, word for word.
+    for arg in container.command.as_deref().unwrap() {
+        script.push_str(&format!(" '{arg}'"));
+    }
+    let log = dir.join("pod-nginx.log");
+    let child = Command::new("unshare")
+        .args(["--mount", "sh", "-c", &script])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let mut server = PodNginx { child, log };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while TcpStream::connect(addr).is_err() {
+        if let Ok(Some(status)) = server.child.try_wait() {
+            let log = std::fs::read_to_string(&server.log).unwrap_or_default();
+            panic!("nginx as uid {ARBITRARY_UID} exited: {status}\n{log}\n{conf}");
+        }
+        assert!(Instant::now() < deadline, "nginx did not listen on {addr}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    server
+}
+
+fn post(addr: &str, path: &str, body: &[u8]) -> u16 {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    write!(
+        stream,
+        "POST {path} HTTP/1.0\r\nHost: cdn.example.com\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    )
+    .unwrap();
+    stream.write_all(body).unwrap();
+    let mut raw = String::new();
+    stream.read_to_string(&mut raw).unwrap();
+    raw.split(' ').nth(1).unwrap().parse().unwrap()
+}
+
+#[test]
+fn the_pod_runs_nginx_as_any_uid_writing_only_to_its_empty_dirs() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    // An origin large enough that nginx buffers responses to files, and a request body too.
+    let origin_root = d.join("origin");
+    std::fs::create_dir_all(origin_root.join("vod")).unwrap();
+    let movie: String = (0..(2 << 20))
+        .map(|i| (b'a' + (i % 26) as u8) as char)
+        .collect();
+    std::fs::write(origin_root.join("vod/movie.mp4"), &movie).unwrap();
+    let hosts = hosts_file(d, &[("origin.default.svc", "127.0.0.42")]);
+    let tmp = d.join("tmp");
+    std::fs::create_dir_all(&tmp).unwrap();
+    let _origin = start(
+        "origin",
+        &origin_conf(&origin_root, "127.0.0.42:80", &tmp),
+        d,
+        &hosts,
+        "127.0.0.42:80",
+    );
+
+    for (name, role) in [("cache", Role::Cache), ("balancer", Role::Balancer)] {
+        let c = cluster(
+            name,
+            role,
+            vec![Source::service("origin", "origin", 80, None)],
+        );
+        let upstreams = sources::resolve(&c, |_| None).unwrap();
+        let children = build::children(&c, &upstreams, &Default::default());
+        let psc = children
+            .deployment
+            .spec
+            .as_ref()
+            .unwrap()
+            .template
+            .spec
+            .as_ref()
+            .unwrap();
+        let psc = psc.security_context.as_ref().unwrap();
+        assert_eq!(psc.run_as_user, None, "the pod fixes no uid");
+        // Production configuration, only the listen address moved (the pod's port, 8080).
+        let addr = "127.0.0.41:8080";
+        let conf = build::config(
+            &c,
+            &upstreams,
+            &Paths {
+                listen: addr.into(),
+                ..Paths::default()
+            },
+        );
+        let shipped = &children.config_map.data.as_ref().unwrap()[build::CONFIG_KEY];
+        assert_eq!(conf.replace(addr, "8080"), *shipped);
+
+        let own = d.join(name);
+        std::fs::create_dir_all(&own).unwrap();
+        let server = start_as_pod(&children.deployment, &conf, &own, &hosts, addr);
+        assert_eq!(get(addr, "/healthz").status, 200, "{name}");
+        let r = get(addr, "/vod/movie.mp4");
+        assert_eq!((r.status, r.body.len()), (200, movie.len()), "{name}");
+        if role == Role::Cache {
+            let r = get(addr, "/vod/movie.mp4");
+            assert_eq!(
+                (r.status, r.header(CACHE_STATUS_HEADER)),
+                (200, Some("HIT")),
+                "the cache writes to its emptyDir"
+            );
+        }
+        // A body above nginx's memory buffer goes to client_body_temp_path: the origin's static
+        // server then refuses the method (405), not nginx a write (500).
+        assert_eq!(
+            post(addr, "/vod/movie.mp4", &[b'x'; 256 << 10]),
+            405,
+            "{name}"
+        );
+        drop(server);
+        let log = std::fs::read_to_string(own.join("pod-nginx.log")).unwrap();
+        for bad in [
+            "[emerg]",
+            "[alert]",
+            "[crit]",
+            "Permission denied",
+            "Read-only file system",
+        ] {
+            assert!(
+                !log.contains(bad),
+                "{name} as uid {ARBITRARY_UID}: {bad}\n{log}"
+            );
+        }
+    }
+}

@@ -52,7 +52,7 @@ fn desired(name: &str) -> build::Children {
     let cluster = clusters.iter().find(|c| c.name_any() == name).unwrap();
     let lookup = |source: &str| clusters.iter().find(|c| c.name_any() == source).cloned();
     let upstreams = sources::resolve(cluster, lookup).expect("the seed resolves");
-    build::children(cluster, &upstreams)
+    build::children(cluster, &upstreams, &Default::default())
 }
 
 fn change<K>(mut desired: K, observed: &str) -> Option<Change>
@@ -129,7 +129,7 @@ fn hand_edits_on_the_real_server_are_restored() {
 fn a_new_spec_is_an_update() {
     let mut cluster: CdnCluster = typed("cdncluster-cache-live");
     cluster.spec.replicas = 3;
-    let children = build::children(&cluster, &[]);
+    let children = build::children(&cluster, &[], &Default::default());
     assert_eq!(
         change(children.deployment, "deployment-cache-live"),
         Some(Change::Updated)

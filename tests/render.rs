@@ -17,8 +17,8 @@ use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service};
 use kube::api::{Api, ListParams, PostParams};
 use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
-use serde::Serialize;
-use serde_json::Value;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
 use std::sync::Arc;
 
 #[test]
@@ -103,7 +103,7 @@ fn an_invalid_topology_exits_1_with_the_condition_messages_and_prints_nothing() 
 async fn the_messages_are_those_of_the_ready_condition() {
     let manifests = Manifests::read(&[input("invalid-topology.yaml")], None, std::io::empty())
         .expect("readable");
-    let problems = render(&manifests).unwrap_err();
+    let problems = render(&manifests, &Default::default()).unwrap_err();
 
     let fake = support::FakeApi::new().await;
     let api: Api<CdnCluster> = Api::namespaced(fake.client.clone(), "default");
@@ -187,6 +187,49 @@ fn exit_codes_tell_usage_from_input_errors() {
     );
 }
 
+#[test]
+fn the_pod_ids_flags_pin_every_pod_and_refuse_root() {
+    let seed = seed_examples();
+    let run = cdn_operator(
+        &[
+            "render",
+            "--pod-run-as-user=1000680000",
+            "--pod-run-as-group=0",
+            "--pod-fs-group=1000680000",
+            "-f",
+            path(&seed),
+        ],
+        "",
+    );
+    assert_eq!((run.code, run.stderr.as_str()), (0, ""));
+    let pods: Vec<Value> = serde_yaml::Deserializer::from_str(&run.stdout)
+        .map(|doc| Value::deserialize(doc).unwrap())
+        .filter_map(|o| match o["kind"].as_str() {
+            Some("Deployment") => Some(o["spec"]["template"]["spec"].clone()),
+            Some("Pod") => Some(o["spec"].clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(pods.len(), 4, "three nginx Deployments and the At's pod");
+    for pod in pods {
+        let psc = &pod["securityContext"];
+        assert_eq!(
+            (&psc["runAsUser"], &psc["runAsGroup"], &psc["fsGroup"]),
+            (&json!(1000680000), &json!(0), &json!(1000680000)),
+            "{psc}"
+        );
+        assert_eq!(psc["runAsNonRoot"], json!(true));
+    }
+    let root = cdn_operator(&["render", "--pod-run-as-user=0", "-f", path(&seed)], "");
+    assert_eq!(root.code, 2, "{}", root.stderr);
+    assert!(
+        root.stderr
+            .contains("invalid value '0' for '--pod-run-as-user <UID>'"),
+        "{}",
+        root.stderr
+    );
+}
+
 /// The seed examples reconciled against the in-memory API: what the controller applied is, field
 /// for field, what render prints for the same objects (as `kubectl get -o yaml` gives them, uids
 /// included); from the unapplied manifests, render differs only where a uid is needed.
@@ -218,7 +261,7 @@ async fn render_prints_what_the_reconcile_applies() {
         clusters: live,
         ..Manifests::default()
     };
-    let rendered = render(&exported).expect("the seed examples are valid");
+    let rendered = render(&exported, &Default::default()).expect("the seed examples are valid");
     assert_eq!(rendered.clusters.len(), 3);
     for children in &rendered.clusters {
         assert_applied(&fake, &children.config_map).await;
@@ -227,7 +270,7 @@ async fn render_prints_what_the_reconcile_applies() {
     }
 
     // From the files: no uid, so no owner and no source revision; nothing else differs.
-    let from_files = render(&files).unwrap();
+    let from_files = render(&files, &Default::default()).unwrap();
     for (offline, exported) in from_files.clusters.iter().zip(&rendered.clusters) {
         assert_eq!(
             without_uids(&offline.config_map),

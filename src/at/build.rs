@@ -1,6 +1,7 @@
 //! The pod that runs an At's command: pure, from the At.
 
 use crate::api::At;
+use crate::restricted::RunAs;
 use k8s_openapi::api::core::v1::{
     Container, EmptyDirVolumeSource, Pod, PodSpec, Volume, VolumeMount,
 };
@@ -8,12 +9,13 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::{Resource, ResourceExt};
 use std::collections::BTreeMap;
 
-/// The image that runs the command when the spec names none: a pinned busybox release.
-pub const DEFAULT_IMAGE: &str = "docker.io/library/busybox:1.37.0";
+/// The image that runs the command when the spec names none: pinned, Alpine's busybox `/bin/sh`
+/// with a numeric non-root USER (101), so it meets `runAsNonRoot` with no UID set in the pod and
+/// runs as any UID (OpenShift). The `busybox` image runs as root, which the kubelet refuses
+/// there. The image the caches run, so nodes pull nothing more.
+pub const DEFAULT_IMAGE: &str = crate::cdncluster::build::DEFAULT_IMAGE;
 /// The container's name, as in the original system.
 pub const CONTAINER: &str = "busybox";
-/// The uid and gid the command runs as when the image does not say otherwise: `nobody`.
-pub const RUN_AS: i64 = 65534;
 /// Finalizer the operator sets on every pod it creates, so the pod cannot disappear without the
 /// operator seeing it: a pod deleted before it finished is recorded as such, never mistaken for a
 /// pod not created yet (which would run the command a second time).
@@ -49,8 +51,9 @@ pub fn labels(at_name: &str) -> BTreeMap<String, String> {
 /// The pod that runs `at`'s command once: `/bin/sh -c <command>`, never restarted, owned by the
 /// At (deleted with it), held by [`FINALIZER`], with nothing beyond what a shell command needs: no
 /// service account token, no host namespaces, no privilege, non-root, read-only root filesystem
-/// (with a writable `/tmp`), all capabilities dropped, the runtime's default seccomp profile.
-pub fn pod(at: &At) -> Pod {
+/// (with a writable `/tmp`), all capabilities dropped, the runtime's default seccomp profile; the
+/// user and groups `run_as` pins (none by default).
+pub fn pod(at: &At, run_as: &RunAs) -> Pod {
     let name = at.name_any();
     let container = Container {
         name: CONTAINER.into(),
@@ -85,7 +88,7 @@ pub fn pod(at: &At) -> Pod {
             host_network: Some(false),
             host_pid: Some(false),
             host_ipc: Some(false),
-            security_context: Some(crate::restricted::pod(RUN_AS)),
+            security_context: Some(crate::restricted::pod(run_as)),
             containers: vec![container],
             volumes: Some(vec![Volume {
                 name: "tmp".into(),
@@ -133,7 +136,7 @@ mod tests {
 
     #[test]
     fn name_labels_and_owner() {
-        let pod = pod(&at("echo YAY", None));
+        let pod = pod(&at("echo YAY", None), &RunAs::default());
         assert_eq!(pod.name_any(), "example-at-pod");
         assert_eq!(pod.namespace().as_deref(), Some("ns"));
         assert_eq!(
@@ -165,7 +168,7 @@ mod tests {
     #[test]
     fn the_command_runs_in_a_shell_once() {
         let command = r#"echo "a  b" | tr a-z A-Z; exit 3"#;
-        let pod = pod(&at(command, None));
+        let pod = pod(&at(command, None), &RunAs::default());
         let spec = pod.spec.unwrap();
         assert_eq!(spec.restart_policy.as_deref(), Some("Never"));
         let c = &spec.containers[0];
@@ -180,7 +183,10 @@ mod tests {
 
     #[test]
     fn the_image_can_be_chosen_and_the_default_is_pinned() {
-        let pod = pod(&at("true", Some("registry.example/tools:1.2")));
+        let pod = pod(
+            &at("true", Some("registry.example/tools:1.2")),
+            &RunAs::default(),
+        );
         assert_eq!(
             pod.spec.unwrap().containers[0].image.as_deref(),
             Some("registry.example/tools:1.2")
@@ -194,7 +200,7 @@ mod tests {
 
     #[test]
     fn the_pod_gets_nothing_more_than_a_restricted_pod() {
-        let spec = pod(&at("id", None)).spec.unwrap();
+        let spec = pod(&at("id", None), &RunAs::default()).spec.unwrap();
         assert_eq!(spec.automount_service_account_token, Some(false));
         assert_eq!(spec.service_account_name, None);
         assert_eq!(spec.host_network, Some(false));
@@ -202,8 +208,11 @@ mod tests {
         assert_eq!(spec.host_ipc, Some(false));
         let psc = spec.security_context.unwrap();
         assert_eq!(psc.run_as_non_root, Some(true));
-        assert_eq!(psc.run_as_user, Some(RUN_AS));
-        assert_ne!(psc.run_as_user, Some(0));
+        // No fixed UID: OpenShift's restricted-v2 SCC refuses one outside the namespace's range.
+        assert_eq!(
+            (psc.run_as_user, psc.run_as_group, psc.fs_group),
+            (None, None, None)
+        );
         assert_eq!(psc.seccomp_profile.unwrap().type_, "RuntimeDefault");
         let sc = spec.containers[0].security_context.clone().unwrap();
         assert_eq!(sc.allow_privilege_escalation, Some(false));
@@ -216,6 +225,22 @@ mod tests {
             assert!(volume.empty_dir.is_some());
         }
         assert!(spec.containers[0].ports.is_none());
+    }
+
+    #[test]
+    fn the_ids_a_cluster_pins_are_set() {
+        let run_as = RunAs {
+            user: Some(1_000_680_000),
+            group: Some(0),
+            fs_group: Some(1_000_680_000),
+        };
+        let psc = pod(&at("id", None), &run_as)
+            .spec
+            .unwrap()
+            .security_context
+            .unwrap();
+        assert_eq!(psc, crate::restricted::pod(&run_as));
+        assert_eq!(psc.run_as_user, Some(1_000_680_000));
     }
 
     #[test]

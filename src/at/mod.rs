@@ -29,6 +29,7 @@ use crate::apply;
 use crate::cache::{self, CachesReady, Relists, Scope};
 use crate::events::Events;
 use crate::reconcile::{self, Error, Leadership, Shared};
+use crate::restricted::RunAs;
 use futures::StreamExt;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
@@ -93,6 +94,7 @@ pub fn controller(
     events: Events,
     leadership: Leadership,
     concurrency: u16,
+    run_as: RunAs,
 ) -> (Arc<Context>, Controller<At>, Controller<Pod>) {
     let relists = Relists::default();
     let (ats, at_events) = cache::cached(
@@ -144,7 +146,10 @@ pub fn controller(
 
     let ready = CachesReady::of(vec![Box::new(ats.clone()), Box::new(pods.clone())]);
     let context = Arc::new(Context {
-        shared: Shared::new(client, events, ready),
+        shared: Shared {
+            run_as,
+            ..Shared::new(client, events, ready)
+        },
         ats,
         pods,
         clock: Arc::new(SystemClock),
@@ -212,7 +217,7 @@ pub async fn reconcile(at: Arc<At>, ctx: Arc<Context>) -> Result<Action, Error> 
     match (plan.pod, pod) {
         (PodAction::Create, _) => {
             tracing::info!(%namespace, %name, "creating the pod");
-            let pod = build::pod(&at);
+            let pod = build::pod(&at, &ctx.shared.run_as);
             let pod_name = pod.name_any();
             apply::apply_always(&pods, pod)
                 .await

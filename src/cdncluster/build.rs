@@ -3,6 +3,7 @@
 use super::nginx::{self, CacheTuning, Paths, Upstream, HEALTH_PATH, LISTEN_PORT};
 use super::sources::SERVICE_PORT;
 use crate::api::{CdnCluster, Role};
+use crate::restricted::RunAs;
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{
     ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource,
@@ -15,10 +16,10 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::{Resource, ResourceExt};
 use std::collections::BTreeMap;
 
-/// nginx image used when the spec names none: a pinned stable release.
-pub const DEFAULT_IMAGE: &str = "docker.io/library/nginx:1.28.0-alpine";
-/// The uid of the `nginx` user of the official image.
-const NGINX_UID: i64 = 101;
+/// nginx image used when the spec names none: a pinned stable release of nginx's unprivileged
+/// build, whose numeric USER (101) meets `runAsNonRoot` with no UID set in the pod (the official
+/// `nginx` image runs as root, which the kubelet refuses) and which runs as any UID (OpenShift).
+pub const DEFAULT_IMAGE: &str = "docker.io/nginxinc/nginx-unprivileged:1.28.0-alpine";
 /// Label selecting the operator's own children, for its watches.
 pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
 pub const MANAGED_BY: &str = "cdn-operator";
@@ -51,14 +52,15 @@ pub struct Children {
     pub service: Service,
 }
 
-/// Builds the children of `cluster` whose sources resolved to `upstreams`.
-pub fn children(cluster: &CdnCluster, upstreams: &[Upstream]) -> Children {
+/// Builds the children of `cluster` whose sources resolved to `upstreams`, its pods running as
+/// `run_as` pins them.
+pub fn children(cluster: &CdnCluster, upstreams: &[Upstream], run_as: &RunAs) -> Children {
     let name = cluster.name_any();
     let config = config(cluster, upstreams, &Paths::default());
     let config_hash = crate::apply::hash(&serde_json::Value::String(config.clone()));
     Children {
         config_map: config_map(cluster, config),
-        deployment: deployment(cluster, &config_hash),
+        deployment: deployment(cluster, &config_hash, run_as),
         service: service(cluster, &name),
     }
 }
@@ -155,7 +157,7 @@ fn default_resources() -> ResourceRequirements {
     }
 }
 
-fn deployment(cluster: &CdnCluster, config_hash: &str) -> Deployment {
+fn deployment(cluster: &CdnCluster, config_hash: &str, run_as: &RunAs) -> Deployment {
     let name = cluster.name_any();
     let deployment_name = deployment_name(&name);
     let selector = BTreeMap::from([(POD_LABEL.to_string(), deployment_name.clone())]);
@@ -272,7 +274,7 @@ fn deployment(cluster: &CdnCluster, config_hash: &str) -> Deployment {
                 spec: Some(PodSpec {
                     automount_service_account_token: Some(false),
                     enable_service_links: Some(false),
-                    security_context: Some(crate::restricted::pod(NGINX_UID)),
+                    security_context: Some(crate::restricted::pod(run_as)),
                     containers: vec![container],
                     volumes: Some(volumes),
                     ..PodSpec::default()

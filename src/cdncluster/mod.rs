@@ -13,6 +13,7 @@ use crate::cache::{self, CachesReady, Relists, Scope};
 use crate::compact::Compact;
 use crate::events::Events;
 use crate::reconcile::{self, Error, Leadership, Shared};
+use crate::restricted::RunAs;
 use build::{Children, MANAGED_BY, MANAGED_BY_LABEL};
 use futures::future::BoxFuture;
 use futures::FutureExt;
@@ -67,6 +68,7 @@ pub fn controller(
     events: Events,
     leadership: Leadership,
     concurrency: u16,
+    run_as: RunAs,
 ) -> (Arc<Context>, Controller<CdnCluster>) {
     let children = watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}"));
     let relists = Relists::default();
@@ -131,7 +133,10 @@ pub fn controller(
         Box::new(services.clone()),
     ]);
     let context = Arc::new(Context {
-        shared: Shared::new(client, events, ready),
+        shared: Shared {
+            run_as,
+            ..Shared::new(client, events, ready)
+        },
         clusters,
         deployments,
         config_maps,
@@ -160,7 +165,7 @@ pub async fn reconcile(cluster: Arc<CdnCluster>, ctx: Arc<Context>) -> Result<Ac
             Observed::Problem(problem)
         }
         Ok(upstreams) => {
-            let children = build::children(&cluster, upstreams);
+            let children = build::children(&cluster, upstreams, &ctx.shared.run_as);
             match apply_children(&ctx, &namespace, children, &mut written).await {
                 Ok(last_known) => {
                     (deployment, failed) = (last_known, None);

@@ -8,6 +8,7 @@ use crate::api::{
     CacheSpec, CdnCluster, CdnClusterSpec, CdnClusterStatus, Origin, Role, ServiceOrigin, Source,
     State,
 };
+use crate::restricted::RunAs;
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentStatus};
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -324,7 +325,7 @@ fn origins_resolve_to_urls_and_services() {
 fn children_have_the_seed_names_labels_and_owner() {
     let all = seed();
     let ups = sources::resolve(&all[0], world(&all)).unwrap();
-    let children = build::children(&all[0], &ups);
+    let children = build::children(&all[0], &ups, &RunAs::default());
 
     let d = &children.deployment;
     assert_eq!(d.metadata.name.as_deref(), Some("balancer-deployment"));
@@ -397,13 +398,31 @@ fn children_have_the_seed_names_labels_and_owner() {
 }
 
 #[test]
+fn the_ids_a_cluster_pins_are_set_on_the_nginx_pods() {
+    let c = cluster("c", Role::Balancer, vec![]);
+    let run_as = RunAs {
+        user: Some(1_000_680_000),
+        group: None,
+        fs_group: Some(1_000_680_000),
+    };
+    let d = build::children(&c, &[], &run_as).deployment;
+    let psc = d.spec.unwrap().template.spec.unwrap().security_context;
+    assert_eq!(psc, Some(crate::restricted::pod(&run_as)));
+}
+
+#[test]
 fn pods_meet_the_restricted_pod_security_standard() {
     let c = cluster("c", Role::Cache, vec![]);
-    let d = build::children(&c, &[]).deployment;
+    let d = build::children(&c, &[], &RunAs::default()).deployment;
     let pod = d.spec.unwrap().template.spec.unwrap();
     let psc = pod.security_context.unwrap();
     assert_eq!(psc.run_as_non_root, Some(true));
-    assert_ne!(psc.run_as_user, Some(0));
+    // No fixed UID: OpenShift's restricted-v2 SCC refuses one outside the namespace's range, and
+    // the default image's numeric USER meets runAsNonRoot elsewhere.
+    assert_eq!(
+        (psc.run_as_user, psc.run_as_group, psc.fs_group),
+        (None, None, None)
+    );
     assert_eq!(psc.seccomp_profile.unwrap().type_, "RuntimeDefault");
     assert_eq!(pod.automount_service_account_token, Some(false));
     let container = &pod.containers[0];
@@ -437,7 +456,7 @@ fn a_config_change_changes_the_pod_template() {
     let all = seed();
     let hash = |c: &CdnCluster| {
         let ups = sources::resolve(c, world(&all)).unwrap();
-        build::children(c, &ups)
+        build::children(c, &ups, &RunAs::default())
             .deployment
             .spec
             .unwrap()
@@ -517,7 +536,7 @@ fn nginx_quotes_regexes_and_caches_as_tuned() {
 #[test]
 fn config_map_holds_the_config() {
     let c = cluster("c", Role::Cache, vec![]);
-    let children = build::children(&c, &[]);
+    let children = build::children(&c, &[], &RunAs::default());
     let data = children.config_map.data.unwrap();
     assert!(data[CONFIG_KEY].contains("proxy_cache_path /var/cache/nginx/cdn"));
 }
@@ -763,7 +782,7 @@ fn each_child_change_is_one_event() {
 fn every_label_value_fits_for_the_longest_name() {
     let name = "a".repeat(crate::api::MAX_NAME_LEN);
     let c = cluster(&name, Role::Cache, vec![]);
-    let children = build::children(&c, &[]);
+    let children = build::children(&c, &[], &RunAs::default());
     let labels: BTreeMap<String, String> = children
         .deployment
         .spec

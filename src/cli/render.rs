@@ -6,6 +6,7 @@ use super::manifests::{Index, Manifests};
 use crate::at;
 use crate::cdncluster::build::{self, Children};
 use crate::cdncluster::{sources, status};
+use crate::restricted::RunAs;
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use serde::Serialize;
@@ -39,6 +40,10 @@ pub struct Args {
     /// Print only the generated nginx.conf of each CdnCluster.
     #[arg(long)]
     pub nginx_only: bool,
+
+    /// The pods' user and groups, as the operator's own flags pin them.
+    #[command(flatten)]
+    pub pods: RunAs,
 }
 
 /// What the operator would create, in the order of the manifests.
@@ -50,14 +55,14 @@ pub struct Rendered {
 
 /// Builds the children of every object, or says, for each object the operator would not deploy,
 /// what its Ready condition would say.
-pub fn render(manifests: &Manifests) -> Result<Rendered, Vec<String>> {
+pub fn render(manifests: &Manifests, run_as: &RunAs) -> Result<Rendered, Vec<String>> {
     let index = Index::new(&manifests.clusters);
     let mut problems = Vec::new();
     let mut clusters = Vec::new();
     for cluster in &manifests.clusters {
         let namespace = cluster.namespace().unwrap_or_default();
         match sources::resolve(cluster, index.lookup(&namespace)) {
-            Ok(upstreams) => clusters.push(build::children(cluster, &upstreams)),
+            Ok(upstreams) => clusters.push(build::children(cluster, &upstreams, run_as)),
             Err(problem) => problems.push(format!(
                 "CdnCluster {namespace}/{}: {}",
                 cluster.name_any(),
@@ -69,7 +74,7 @@ pub fn render(manifests: &Manifests) -> Result<Rendered, Vec<String>> {
     for at in &manifests.ats {
         // The At controller refuses such a schedule with this message (condition Scheduled).
         match at::schedule::parse(&at.spec.schedule) {
-            Ok(_) => pods.push(at::build::pod(at)),
+            Ok(_) => pods.push(at::build::pod(at, run_as)),
             Err(message) => problems.push(format!(
                 "At {}/{}: {message}",
                 at.namespace().unwrap_or_default(),
@@ -123,7 +128,7 @@ pub fn main(args: Args) -> ExitCode {
         Err(error) => return crate::fail(&error),
     };
     super::print_notes(&manifests.notes);
-    match render(&manifests) {
+    match render(&manifests, &args.pods) {
         Ok(rendered) if args.nginx_only => print!("{}", rendered.nginx()),
         Ok(rendered) => print!("{}", rendered.yaml()),
         Err(problems) => {

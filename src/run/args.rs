@@ -1,6 +1,7 @@
 //! The flags and environment of `cdn-operator run`.
 
 use crate::cache::Scope;
+use crate::restricted::RunAs;
 use crate::runtime::leader;
 use crate::runtime::logs::{self, LogFormat};
 use crate::runtime::parse_duration;
@@ -75,6 +76,9 @@ pub struct Args {
     /// On SIGTERM/SIGINT, how long in-flight reconciles may take to finish.
     #[arg(long, env = "SHUTDOWN_TIMEOUT", default_value = "25s", value_parser = parse_duration)]
     pub shutdown_timeout: Duration,
+
+    #[command(flatten)]
+    pub pods: RunAs,
 }
 
 impl Args {

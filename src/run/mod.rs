@@ -114,6 +114,7 @@ pub async fn run(args: Args) -> Result<(), String> {
         events.clone(),
         leadership.clone(),
         concurrency,
+        args.pods.clone(),
     );
     register_cdncluster_gauges(&metrics, ctx.clusters.clone());
     let cdnclusters = glue.controller(
@@ -129,6 +130,7 @@ pub async fn run(args: Args) -> Result<(), String> {
         events.clone(),
         leadership.clone(),
         concurrency,
+        args.pods.clone(),
     );
     register_at_gauges(&metrics, at_ctx.ats.clone());
     let ats = glue.controller(at::CONTROLLER, at_controller, at::reconcile, at_ctx.clone());

@@ -474,7 +474,7 @@ async fn main() -> ExitCode {
                     by_key.get(&(ns.clone(), name.to_string())).cloned()
                 })
                 .expect("resolves");
-                let kids = build::children(cluster, &upstreams);
+                let kids = build::children(cluster, &upstreams, &Default::default());
                 use cdn_operator::apply::apply_always;
                 apply_always(
                     &Api::<ConfigMap>::namespaced(bare.clone(), &ns),

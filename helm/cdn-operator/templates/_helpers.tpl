@@ -1,9 +1,15 @@
-{{/* The name of every object of the release. */}}
+{{/* The name of every object of the release: fullnameOverride, else <release>-<nameOverride or
+cdn-operator> (the release name alone when it already contains that name). */}}
 {{- define "cdn-operator.fullname" -}}
-{{- if contains "cdn-operator" .Release.Name -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
 {{- .Release.Name | trunc 63 | trimSuffix "-" -}}
 {{- else -}}
-{{- printf "%s-cdn-operator" .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 
@@ -22,8 +28,14 @@ app.kubernetes.io/part-of: cdn-operator
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- end -}}
 
+{{/* The operator's ServiceAccount: the chart's (named serviceAccount.name, else the full name),
+or an existing one (serviceAccount.create=false), which must then be named. */}}
 {{- define "cdn-operator.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
 {{- default (include "cdn-operator.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- required "serviceAccount.create=false needs serviceAccount.name: the existing ServiceAccount the operator runs as" .Values.serviceAccount.name -}}
+{{- end -}}
 {{- end -}}
 
 {{/* The namespace the operator manages in single-namespace mode. */}}
@@ -49,6 +61,7 @@ cdn-operator {{ .Chart.AppVersion }} is installed in namespace {{ .Release.Names
 
 Check that the operator is ready:
   kubectl -n {{ .Release.Namespace }} get deployment {{ include "cdn-operator.fullname" . }}
+  helm test {{ .Release.Name }} -n {{ .Release.Namespace }}   # its Service answers /readyz
 {{- if .Values.leaderElection.enabled }}
   kubectl -n {{ .Release.Namespace }} get lease {{ .Values.leaderElection.id }}   # the leader replica
 {{- end }}
