@@ -12,8 +12,12 @@
   pod-ids none|pinned RENDERED.yaml...         no pod fixes a UID/GID (OpenShift assigns them), or
                                                the operator and the pods it creates are pinned
   no-kind KIND RENDERED.yaml                   no object of KIND (an overlay must not own it)
+  kube-prometheus-stack RENDERED.yaml          its ServiceMonitors and rules are selected by kube-prometheus-stack
+  catalog-properties [--write]                 olm/catalog's bundle properties are those of bundle/
+                                               (--write: regenerate them)
 """
 import json
+import os
 import sys
 
 import yaml
@@ -182,6 +186,116 @@ def no_kind(kind, path):
     if found:
         sys.exit(f"{path}: has {kind} {found}")
     print(f"no {kind} in {path}")
+def kube_prometheus_stack(path):
+    # kube-prometheus-stack's Prometheus selects `release: <its release>` (kube-prometheus-stack
+    # by default); honorLabels keeps the domain gauges' namespace as `namespace`.
+    found, bad = 0, []
+    for o in docs(path):
+        if o["kind"] not in ("ServiceMonitor", "PrometheusRule"):
+            continue
+        found += 1
+        name = f"{o['kind']}/{o['metadata']['name']}"
+        if o["metadata"].get("labels", {}).get("release") != "kube-prometheus-stack":
+            bad.append(f"{name} lacks release: kube-prometheus-stack")
+        for e in o["spec"].get("endpoints", []) if o["kind"] == "ServiceMonitor" else []:
+            if e.get("honorLabels") is not True:
+                bad.append(f"{name} endpoint {e.get('port')} without honorLabels: true")
+    if found != 2 or bad:
+        sys.exit(f"{path}: {found} ServiceMonitor/PrometheusRule (want 2); {bad}")
+    print(f"{path}: ServiceMonitor and PrometheusRule selected by kube-prometheus-stack")
+
+
+BUNDLE = "bundle/manifests"
+CATALOG = "olm/catalog/cdn-operator/catalog.yaml"
+PROPERTIES_NOTE = ("# Generated from bundle/manifests by `scripts/artifact_checks.py catalog-properties --write`:\n"
+                   "# what `opm render` writes for a bundle image (operator-registry's\n"
+                   "# ObjectsAndPropertiesFromBundle), sorted by type, then value.\n")
+
+# operator-registry's property.CSVMetadata: its JSON key, and where the CSV holds the value.
+CSV_METADATA = [
+    ("annotations", ("metadata", "annotations")),
+    ("apiServiceDefinitions", ("spec", "apiservicedefinitions")),
+    ("crdDescriptions", ("spec", "customresourcedefinitions")),
+    ("description", ("spec", "description")),
+    ("displayName", ("spec", "displayName")),
+    ("installModes", ("spec", "installModes")),
+    ("keywords", ("spec", "keywords")),
+    ("labels", ("metadata", "labels")),
+    ("links", ("spec", "links")),
+    ("maintainers", ("spec", "maintainers")),
+    ("maturity", ("spec", "maturity")),
+    ("minKubeVersion", ("spec", "minKubeVersion")),
+    ("nativeAPIs", ("spec", "nativeAPIs")),
+    ("provider", ("spec", "provider")),
+]
+
+
+def bundle_properties(manifests=BUNDLE):
+    """olm.csv.metadata, olm.gvk (each owned CRD version served), olm.package: the properties
+    opm renders for a bundle with an image (olm.bundle.object only when it has none)."""
+    csvs, crds = [], []
+    for name in sorted(os.listdir(manifests)):
+        for d in docs(os.path.join(manifests, name)):
+            {"ClusterServiceVersion": csvs, "CustomResourceDefinition": crds}.get(d["kind"], []).append(d)
+    if len(csvs) != 1:
+        sys.exit(f"{manifests}: expected one ClusterServiceVersion, found {len(csvs)}")
+    csv = csvs[0]
+    owned = {c["name"] for c in csv["spec"].get("customresourcedefinitions", {}).get("owned", [])}
+    with open("bundle/metadata/annotations.yaml") as f:
+        package = yaml.safe_load(f)["annotations"]["operators.operatorframework.io.bundle.package.v1"]
+    metadata = {}
+    for key, (part, field) in CSV_METADATA:
+        value = csv.get(part, {}).get(field)
+        if value or key == "provider":  # Go's omitempty, which does not apply to a struct
+            metadata[key] = value or {}
+    props = [{"type": "olm.csv.metadata", "value": metadata},
+             {"type": "olm.package", "value": {"packageName": package, "version": csv["spec"]["version"]}}]
+    for crd in crds:
+        if crd["metadata"]["name"] not in owned:
+            sys.exit(f"{manifests}: the CSV does not own the CRD {crd['metadata']['name']}")
+        for v in crd["spec"]["versions"]:
+            if v.get("served"):
+                props.append({"type": "olm.gvk", "value": {
+                    "group": crd["spec"]["group"], "kind": crd["spec"]["names"]["kind"], "version": v["name"]}})
+    props.sort(key=lambda p: (p["type"], json.dumps(p["value"], sort_keys=True, separators=(",", ":"))))
+    return props
+
+
+class _Dumper(yaml.SafeDumper):
+    # Sequences indented under their key, as in the rest of the catalog.
+    def increase_indent(self, flow=False, indentless=False):
+        return super().increase_indent(flow, False)
+
+
+def _str(dumper, value):
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _str)
+
+
+def catalog_properties(*flags):
+    # The bundle document is the catalog's last and its properties its last key: they run from
+    # the note above `properties:` to the end of the file.
+    with open(CATALOG) as f:
+        text = f.read()
+    head, sep, _ = text.partition(PROPERTIES_NOTE)
+    if not sep:
+        sys.exit(f"{CATALOG}: no generated properties (the note `{PROPERTIES_NOTE.splitlines()[0]}` ends the file)")
+    want = head + PROPERTIES_NOTE + yaml.dump({"properties": bundle_properties()}, Dumper=_Dumper,
+                                              sort_keys=False, width=1000, allow_unicode=True)
+    if flags == ("--write",):
+        with open(CATALOG, "w") as f:
+            f.write(want)
+        print(f"wrote the bundle properties of {CATALOG}")
+    elif flags:
+        sys.exit(f"catalog-properties: unknown arguments {flags}")
+    elif text != want:
+        sys.exit(f"{CATALOG}: the bundle properties are not those of {BUNDLE}: "
+                 "run scripts/artifact_checks.py catalog-properties --write")
+    else:
+        print(f"{CATALOG}: bundle properties match {BUNDLE}")
 
 
 def main():
@@ -189,7 +303,9 @@ def main():
     {"rules-file": rules_file, "dashboard-rules": dashboard_rules, "alm-examples": alm_examples,
      "same-rbac": same_rbac, "no-cluster-rbac": no_cluster_rbac,
      "crd-for-objects": crd_for_objects, "all-in-namespace": all_in_namespace,
-     "same-crds": same_crds, "pod-ids": pod_ids, "no-kind": no_kind}[cmd](*args)
+     "same-crds": same_crds, "pod-ids": pod_ids, "no-kind": no_kind,
+     "catalog-properties": catalog_properties,
+     "kube-prometheus-stack": kube_prometheus_stack}[cmd](*args)
 
 
 if __name__ == "__main__":

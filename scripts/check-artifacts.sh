@@ -127,6 +127,15 @@ grep -q 'helm.sh/hook: test' "$work/helm-default.yaml" || { echo "no helm test p
 "$py" scripts/artifact_checks.py same-rbac "$work/kustomize-kustomize-overlays-single-namespace.yaml" "$work/helm-single-namespace.yaml"
 "$py" scripts/artifact_checks.py no-cluster-rbac "$work/helm-single-namespace.yaml"
 "$py" scripts/artifact_checks.py same-crds "$work/helm-default.yaml" bundle/manifests/*_*.yaml
+# Monitoring on with default labels: kustomize overlay, Helm, the Argo CD Application's values.
+"$py" scripts/artifact_checks.py kube-prometheus-stack "$work/kustomize-kustomize-overlays-monitoring.yaml"
+helm template cdn-operator "$chart" --namespace cdn-operator --set metrics.serviceMonitor.enabled=true \
+  --set prometheusRule.enabled=true >"$work/helm-monitoring.yaml"
+"$py" scripts/artifact_checks.py kube-prometheus-stack "$work/helm-monitoring.yaml"
+"$py" -c 'import sys, yaml; print(yaml.safe_dump(yaml.safe_load(open(sys.argv[1]))["spec"]["source"]["helm"]["valuesObject"]))' \
+  argocd/application-helm.yaml >"$work/argocd-values.yaml"
+helm template cdn-operator "$chart" --namespace cdn-operator -f "$work/argocd-values.yaml" >"$work/helm-argocd.yaml"
+"$py" scripts/artifact_checks.py kube-prometheus-stack "$work/helm-argocd.yaml"
 "$py" scripts/artifact_checks.py same-crds "$work/kustomize-kustomize-base.yaml" bundle/manifests/*_*.yaml
 
 step "trivy config (no HIGH or CRITICAL beyond scripts/trivy-ignore.yaml)"
@@ -144,6 +153,13 @@ olm="$shared/olm-schemas"
 "$py" "$shared/tools/crd_validate.py" "$olm/operators.coreos.com_operatorgroups.yaml" olm/examples/operator_group*.yaml
 "$py" "$shared/tools/crd_validate.py" "$olm/operators.coreos.com_subscriptions.yaml" olm/examples/subscription.yaml
 "$py" scripts/artifact_checks.py alm-examples bundle/manifests/cdn-operator.clusterserviceversion.yaml "$work/alm-examples.yaml"
+# The catalog's bundle properties (olm.csv.metadata, olm.gvk, olm.package) are what opm renders.
+"$py" scripts/artifact_checks.py catalog-properties
+# The bundle's other objects (metrics Service, PodDisruptionBudget) as OLM applies them.
+kubernetes-validate --strict --quiet bundle/manifests/cdn-operator-metrics.service.yaml \
+  bundle/manifests/cdn-operator.poddisruptionbudget.yaml
+kubernetes-validate --strict --quiet --no-warn -k 1.29.0 bundle/manifests/cdn-operator-metrics.service.yaml \
+  bundle/manifests/cdn-operator.poddisruptionbudget.yaml
 for crd in bundle/manifests/*_*.yaml; do
   "$py" scripts/artifact_checks.py crd-for-objects "$crd" "$work/crd.yaml"
   "$py" "$shared/tools/crd_validate.py" "$work/crd.yaml" "$work/alm-examples.yaml" "$shared"/seed-examples/*.yaml \

@@ -3,7 +3,9 @@
 # from src/api/): one file per CRD, named <group>_<plural>.yaml as OLM bundles expect, into
 #   kustomize/base/crds/, helm/cdn-operator/files/crds/ and bundle/manifests/.
 # It also copies the Grafana dashboard and the PrometheusRule of kustomize/components/ into the
-# Helm chart's files/ (Helm cannot read outside its chart).
+# Helm chart's files/ (Helm cannot read outside its chart), and the metrics Service,
+# PodDisruptionBudget, ServiceMonitor and PrometheusRule into bundle/manifests/ (OLM installs
+# bundle objects of these kinds as they are), then regenerates the catalog's bundle properties.
 # tests/shipped_artifacts.rs fails when any copy differs from its source; run this to fix it.
 # usage: scripts/sync-crds.sh [path/to/cdn-operator]   (default: cargo run)
 set -euo pipefail
@@ -40,3 +42,9 @@ mkdir -p helm/cdn-operator/files/dashboards
 cp kustomize/components/grafana-dashboards/cdn-operator.json helm/cdn-operator/files/dashboards/
 cp kustomize/components/prometheus/prometheus_rule.yaml helm/cdn-operator/files/
 echo "synced the dashboard and the PrometheusRule into helm/cdn-operator/files/"
+cp kustomize/base/metrics_service.yaml bundle/manifests/cdn-operator-metrics.service.yaml
+cp kustomize/base/pod_disruption_budget.yaml bundle/manifests/cdn-operator.poddisruptionbudget.yaml
+cp kustomize/components/prometheus/service_monitor.yaml bundle/manifests/cdn-operator.servicemonitor.yaml
+cp kustomize/components/prometheus/prometheus_rule.yaml bundle/manifests/cdn-operator.prometheusrule.yaml
+echo "synced the metrics Service, PodDisruptionBudget, ServiceMonitor and PrometheusRule into bundle/manifests/"
+"${PYTHON:-python3}" scripts/artifact_checks.py catalog-properties --write

@@ -116,7 +116,7 @@ pub async fn run(args: Args) -> Result<(), String> {
         concurrency,
         args.pods.clone(),
     );
-    register_cdncluster_gauges(&metrics, ctx.clusters.clone());
+    register_cdncluster_gauges(&metrics, ctx.clusters.clone(), leadership.clone());
     let cdnclusters = glue.controller(
         cdncluster::CONTROLLER,
         controller,
@@ -132,7 +132,7 @@ pub async fn run(args: Args) -> Result<(), String> {
         concurrency,
         args.pods.clone(),
     );
-    register_at_gauges(&metrics, at_ctx.ats.clone());
+    register_at_gauges(&metrics, at_ctx.ats.clone(), leadership.clone());
     let ats = glue.controller(at::CONTROLLER, at_controller, at::reconcile, at_ctx.clone());
     let at_pods = glue.controller(at::JANITOR, at_janitor, at::release_orphan, at_ctx);
 

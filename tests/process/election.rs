@@ -32,6 +32,13 @@ fn a_standby_is_ready_writes_nothing_and_exits_0_on_sigterm() {
         &text,
         "controller_runtime_reconcile_total{controller=\"cdncluster\",result=\"success\"} 0"
     ));
+    // The standby caches the CdnCluster but leaves counting it to the leader: the domain gauges
+    // have no series here, so dashboards summing them over replicas do not count it twice.
+    assert!(
+        has_line(&text, "# TYPE cdn_operator_cdnclusters gauge"),
+        "{text}"
+    );
+    assert!(!text.contains("cdn_operator_cdnclusters{"), "{text}");
     let writes: Vec<String> = api
         .requests()
         .into_iter()
