@@ -29,9 +29,10 @@ fn scrape(operator: &Operator, token: Option<&str>) -> Reply {
 fn reviews(api: &FakeApi) -> (usize, usize) {
     let requests = api.requests();
     let count = |path: &str| {
+        let request = format!("POST {path}");
         requests
             .iter()
-            .filter(|r| *r == &format!("POST {path}"))
+            .filter(|r| r.split('?').next() == Some(request.as_str()))
             .count()
     };
     (
@@ -75,8 +76,7 @@ fn metrics_answer_over_https_only_to_callers_the_api_server_allows() {
     assert_eq!(
         reviews(&api),
         (1, 0),
-        "no token, no review; the forged one reviewed once: {:#?}",
-        api.requests()
+        "no token, no review; the forged one reviewed once"
     );
 
     // Authenticated, but no RBAC for /metrics: 403.
