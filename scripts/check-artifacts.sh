@@ -73,6 +73,21 @@ kubectl kustomize "$work/overlay-team-a" >"$work/team-a.yaml"
 "$py" scripts/artifact_checks.py all-in-namespace team-a "$work/team-a.yaml"
 "$py" scripts/artifact_checks.py no-kind Namespace "$work/team-a.yaml"
 "$py" scripts/artifact_checks.py all-in-namespace cdn-operator "$work/kustomize-kustomize-base.yaml"
+# The optional NetworkPolicy component, on the base as a user's overlay adds it.
+mkdir -p "$work/overlay-netpol"
+cat >"$work/overlay-netpol/kustomization.yaml" <<EOF_K
+apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+resources:
+  - $(realpath --relative-to="$work/overlay-netpol" kustomize/base)
+components:
+  - $(realpath --relative-to="$work/overlay-netpol" kustomize/components/network-policy)
+EOF_K
+kubectl kustomize "$work/overlay-netpol" >"$work/kustomize-network-policy.yaml"
+kubernetes-validate --strict --quiet "$work/kustomize-network-policy.yaml"
+kubernetes-validate --strict --quiet --no-warn -k 1.29.0 "$work/kustomize-network-policy.yaml"
+grep -q '^kind: NetworkPolicy' "$work/kustomize-network-policy.yaml"
+echo "ok kustomize/components/network-policy"
 
 step "helm lint and template, kubernetes-validate --strict (Kubernetes 1.37 and 1.29)"
 chart=helm/cdn-operator

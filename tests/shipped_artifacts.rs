@@ -214,6 +214,16 @@ fn expected_cluster_grants() -> BTreeSet<Grant> {
     g
 }
 
+/// The secured /metrics (src/runtime/access.rs): a TokenReview and a SubjectAccessReview per
+/// new caller. Cluster-scoped, so a ClusterRole of its own that single-namespace mode keeps.
+fn expected_metrics_auth_grants() -> BTreeSet<Grant> {
+    [
+        grant("authentication.k8s.io", "tokenreviews", "", "create"),
+        grant("authorization.k8s.io", "subjectaccessreviews", "", "create"),
+    ]
+    .into()
+}
+
 fn expected_lease_grants() -> BTreeSet<Grant> {
     [
         grant("coordination.k8s.io", "leases", "", "create"),
@@ -244,9 +254,33 @@ fn rbac_is_exactly_what_the_operator_uses() {
     assert_eq!(lease_role["kind"], "Role");
     assert_eq!(grants(&lease_role["rules"]), expected_lease_grants());
 
+    let metrics_auth = yaml("kustomize/base/metrics_auth_role.yaml");
+    assert_eq!(metrics_auth["kind"], "ClusterRole");
+    assert_eq!(
+        grants(&metrics_auth["rules"]),
+        expected_metrics_auth_grants()
+    );
+    let binding = yaml("kustomize/base/metrics_auth_role_binding.yaml");
+    assert_eq!(binding["roleRef"]["name"], metrics_auth["metadata"]["name"]);
+    assert_eq!(
+        binding["subjects"],
+        json!([{"kind": "ServiceAccount", "name": "cdn-operator"}])
+    );
+    // What scrapers are bound to: get on /metrics, nothing else; the same in the bundle.
+    let reader = yaml("kustomize/base/metrics_reader_role.yaml");
+    assert_eq!(reader["kind"], "ClusterRole");
+    assert_eq!(
+        reader["rules"],
+        json!([{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}])
+    );
+    let bundled = yaml("bundle/manifests/cdn-operator-metrics-reader.clusterrole.yaml");
+    assert_eq!(bundled["metadata"], reader["metadata"]);
+    assert_eq!(bundled["rules"], reader["rules"]);
+
     for g in expected_cluster_grants()
         .iter()
         .chain(&expected_lease_grants())
+        .chain(&expected_metrics_auth_grants())
     {
         assert!(!g.0.contains('*') && !g.1.contains('*') && !g.3.contains('*'));
         assert_ne!(g.1, "secrets");
@@ -262,6 +296,69 @@ fn rbac_is_exactly_what_the_operator_uses() {
         .contains(&json!("--leader-election-id=cdn-operator-leader")));
 }
 
+/// The container port named `name` in a Deployment spec.
+fn container_port(deployment_spec: &Value, name: &str) -> u64 {
+    deployment_spec
+        .pointer("/template/spec/containers/0/ports")
+        .and_then(Value::as_array)
+        .expect("ports")
+        .iter()
+        .find(|p| p["name"] == name)
+        .and_then(|p| p["containerPort"].as_u64())
+        .unwrap_or_else(|| panic!("no container port {name}"))
+}
+
+#[test]
+fn metrics_are_scraped_over_https_on_the_port_the_operator_serves() {
+    let deployment = yaml("kustomize/base/deployment.yaml");
+    let args = deployment
+        .pointer("/spec/template/spec/containers/0/args")
+        .and_then(Value::as_array)
+        .expect("args");
+    // Secure metrics are the operator's default; no install path turns them off.
+    assert!(
+        !args
+            .iter()
+            .any(|a| a.as_str().unwrap().starts_with("--metrics-secure")),
+        "{args:?}"
+    );
+    let bind = args
+        .iter()
+        .find_map(|a| a.as_str().unwrap().strip_prefix("--metrics-bind-address=:"))
+        .expect("--metrics-bind-address");
+    let port = container_port(&deployment["spec"], "metrics");
+    assert_eq!(bind, port.to_string());
+    assert_eq!(port, 8443, "controller-runtime's secure metrics port");
+    let service = yaml("kustomize/base/metrics_service.yaml");
+    assert_eq!(
+        service["spec"]["ports"],
+        json!([{"name": "metrics", "port": port, "targetPort": "metrics", "protocol": "TCP"}])
+    );
+    let monitor = yaml("kustomize/components/prometheus/service_monitor.yaml");
+    let endpoint = &monitor["spec"]["endpoints"][0];
+    assert_eq!(endpoint["port"], "metrics");
+    assert_eq!(endpoint["scheme"], "https");
+    assert_eq!(
+        endpoint["bearerTokenFile"],
+        "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    );
+    assert_eq!(endpoint["tlsConfig"], json!({"insecureSkipVerify": true}));
+    // The NetworkPolicy lets in the metrics and probe ports, by the names the Deployment gives.
+    let policy = yaml("kustomize/components/network-policy/network_policy.yaml");
+    let ingress: Vec<&str> = policy["spec"]["ingress"][0]["ports"]
+        .as_array()
+        .expect("ingress ports")
+        .iter()
+        .map(|p| p["port"].as_str().expect("a named port"))
+        .collect();
+    assert_eq!(ingress, ["metrics", "health"]);
+    container_port(&deployment["spec"], "health");
+    assert_eq!(
+        policy["spec"]["podSelector"]["matchLabels"],
+        deployment["spec"]["selector"]["matchLabels"]
+    );
+}
+
 fn csv() -> Value {
     yaml("bundle/manifests/cdn-operator.clusterserviceversion.yaml")
 }
@@ -270,11 +367,16 @@ fn csv() -> Value {
 fn csv_permissions_equal_the_rbac() {
     let csv = csv();
     let strategy = &csv["spec"]["install"]["spec"];
-    // Namespaced `permissions` only: OLM turns them into Roles of the target namespaces, or
-    // ClusterRoles when the OperatorGroup targets all namespaces.
-    assert!(
-        strategy.get("clusterPermissions").is_none(),
-        "no clusterPermissions"
+    // `permissions`: OLM turns them into Roles of the target namespaces, or ClusterRoles when the
+    // OperatorGroup targets all namespaces. `clusterPermissions`: the metrics reviews only.
+    let cluster = strategy["clusterPermissions"]
+        .as_array()
+        .expect("clusterPermissions");
+    assert_eq!(cluster.len(), 1);
+    assert_eq!(cluster[0]["serviceAccountName"], "cdn-operator");
+    assert_eq!(
+        grants(&cluster[0]["rules"]),
+        grants(&yaml("kustomize/base/metrics_auth_role.yaml")["rules"])
     );
     let permissions = strategy["permissions"].as_array().expect("permissions");
     assert_eq!(permissions.len(), 1);

@@ -186,6 +186,10 @@ impl OperatorOptions {
         if let Some(kubeconfig) = &self.kubeconfig {
             command.env("KUBECONFIG", kubeconfig);
         }
+        // Scraped over plain HTTP unless a test asks for the secured endpoint.
+        if !self.args.iter().any(|a| a.starts_with("--metrics-secure")) {
+            command.arg("--metrics-secure=false");
+        }
         command.args(&self.args);
         let mut operator = Operator::spawn(identity, command);
         (operator.probes, operator.metrics) = (health, metrics);

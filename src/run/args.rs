@@ -6,6 +6,8 @@ use crate::runtime::leader;
 use crate::runtime::logs::{self, LogFormat};
 use crate::runtime::parse_duration;
 use crate::runtime::telemetry::{self, Otlp};
+use crate::runtime::tls;
+use std::path::PathBuf;
 use std::time::Duration;
 
 #[derive(clap::Args, Debug, Clone)]
@@ -61,9 +63,28 @@ pub struct Args {
     #[arg(long, env = "HEALTH_PROBE_BIND_ADDRESS", default_value = ":8081")]
     pub health_probe_bind_address: String,
 
-    /// Address of /metrics (`:8080`, `127.0.0.1:8080`; `0` disables).
-    #[arg(long, env = "METRICS_BIND_ADDRESS", default_value = ":8080")]
+    /// Address of /metrics (`:8443`, `127.0.0.1:8443`; `0` disables).
+    #[arg(long, env = "METRICS_BIND_ADDRESS", default_value = ":8443")]
     pub metrics_bind_address: String,
+
+    /// Serve /metrics over HTTPS to callers the API server authenticates (TokenReview) and
+    /// allows to get the non-resource URL /metrics (SubjectAccessReview), as controller-runtime's
+    /// secure metrics do. Set to false for plain, open HTTP (local runs).
+    #[arg(long, env = "METRICS_SECURE", default_value_t = true, action = clap::ArgAction::Set)]
+    pub metrics_secure: bool,
+
+    /// Directory of the metrics serving certificate and key (a mounted kubernetes.io/tls
+    /// Secret); reloaded when they change. Default: a self-signed certificate made at start.
+    #[arg(long, env = "METRICS_CERT_DIR")]
+    pub metrics_cert_dir: Option<PathBuf>,
+
+    /// The certificate (PEM, chain allowed) in --metrics-cert-dir.
+    #[arg(long, default_value = "tls.crt")]
+    pub metrics_cert_name: String,
+
+    /// The private key (PEM) in --metrics-cert-dir.
+    #[arg(long, default_value = "tls.key")]
+    pub metrics_cert_key: String,
 
     /// Log format: default json inside a cluster, text elsewhere.
     #[arg(long, env = "LOG_FORMAT", value_enum)]
@@ -111,6 +132,23 @@ impl Args {
         };
         config.validate()?;
         Ok(Some(config))
+    }
+
+    /// Where the metrics certificate comes from; None with `--metrics-secure=false` (plain HTTP).
+    /// Checked before connecting.
+    pub fn metrics_tls(&self) -> Result<Option<tls::Source>, String> {
+        match (&self.metrics_cert_dir, self.metrics_secure) {
+            (Some(_), false) => Err(
+                "--metrics-cert-dir needs --metrics-secure=true (plain HTTP takes no certificate)"
+                    .into(),
+            ),
+            (None, false) => Ok(None),
+            (None, true) => Ok(Some(tls::Source::SelfSigned)),
+            (Some(dir), true) => Ok(Some(tls::Source::Files {
+                cert: dir.join(&self.metrics_cert_name),
+                key: dir.join(&self.metrics_cert_key),
+            })),
+        }
     }
 
     pub(super) fn telemetry(&self) -> Result<telemetry::Settings, String> {

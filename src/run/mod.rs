@@ -11,11 +11,13 @@ pub use gauges::{register_at_gauges, register_cdncluster_gauges};
 
 use crate::events::Events;
 use crate::reconcile::Leadership;
+use crate::runtime::access::Access;
 use crate::runtime::http::{self, Health};
 use crate::runtime::leader::Elector;
 use crate::runtime::metrics::Metrics;
 use crate::runtime::shutdown::{self, Shutdown};
 use crate::runtime::telemetry::{self, Telemetry};
+use crate::runtime::tls::Certificate;
 use crate::{at, cdncluster};
 use glue::Glue;
 use std::process::ExitCode;
@@ -56,6 +58,11 @@ pub async fn run(args: Args) -> Result<(), String> {
     let probe_listener =
         http::bind("health-probe-bind-address", &args.health_probe_bind_address).await?;
     let metrics_listener = http::bind("metrics-bind-address", &args.metrics_bind_address).await?;
+    // The certificate too: a missing or broken file fails the start, not the first scrape.
+    let metrics_tls = match (&metrics_listener, args.metrics_tls()?) {
+        (Some(_), Some(source)) => Some(Certificate::load(source)?),
+        _ => None,
+    };
 
     let client = tokio::select! {
         client = connect() => client?,
@@ -65,19 +72,34 @@ pub async fn run(args: Args) -> Result<(), String> {
     let metrics = Metrics::new();
     let health = Health::default();
     let servers_stop = Shutdown::new();
-    for (endpoints, listener, router) in [
-        ("probes", probe_listener, http::probes(health.clone())),
-        ("metrics", metrics_listener, http::metrics(metrics.clone())),
+    // The probes stay plain and open (the kubelet probes them); /metrics is HTTPS behind the API
+    // server's authentication and authorization unless --metrics-secure=false.
+    let metrics_router = match &metrics_tls {
+        Some(_) => Access::new(client.clone()).protect(http::metrics(metrics.clone())),
+        None => http::metrics(metrics.clone()),
+    };
+    for (endpoints, listener, router, tls) in [
+        ("probes", probe_listener, http::probes(health.clone()), None),
+        ("metrics", metrics_listener, metrics_router, metrics_tls),
     ] {
         if let Some(listener) = listener {
             let address = listener
                 .local_addr()
                 .map_err(|e| format!("cannot serve {endpoints}: {e}"))?;
-            tracing::info!(%address, endpoints, "serving HTTP");
+            let scheme = if tls.is_some() { "HTTPS" } else { "HTTP" };
+            tracing::info!(%address, endpoints, "serving {scheme}");
             let stop = servers_stop.clone().cancelled_owned();
             tokio::spawn(async move {
-                if let Err(error) = http::serve(listener, router, stop).await {
-                    tracing::error!(%error, %address, endpoints, "HTTP server failed");
+                let served = match tls {
+                    Some(certificate) => {
+                        let config = certificate.config.clone();
+                        certificate.watch();
+                        http::serve_tls(listener, router, config, stop).await
+                    }
+                    None => http::serve(listener, router, stop).await,
+                };
+                if let Err(error) = served {
+                    tracing::error!(%error, %address, endpoints, "{scheme} server failed");
                 }
             });
         }

@@ -1,6 +1,8 @@
 //! The HTTP endpoints: probes (`/healthz`, `/readyz`) and `/metrics`, each server on its own
 //! address so the metrics port can be exposed (or protected) separately from the kubelet's
-//! probes. Checks are named and registered by the glue; this module knows no controller.
+//! probes: the probes stay plain HTTP, `/metrics` is served over HTTPS ([`serve_tls`]) behind
+//! [`super::access`] unless turned off. Checks are named and registered by the glue; this module
+//! knows no controller.
 
 use super::metrics::{self as exposition, Metrics};
 use axum::extract::State;
@@ -133,6 +135,27 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     axum::serve(listener, router)
         .with_graceful_shutdown(stop)
+        .await
+}
+
+/// Serves `router` over TLS (HTTP/1.1) on `listener` until `stop` completes, then gives the
+/// requests under way a few seconds.
+pub async fn serve_tls(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    tls: axum_server::tls_rustls::RustlsConfig,
+    stop: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let handle = axum_server::Handle::new();
+    let stopping = handle.clone();
+    tokio::spawn(async move {
+        stop.await;
+        stopping.graceful_shutdown(Some(std::time::Duration::from_secs(5)));
+    });
+    axum_server::from_tcp_rustls(listener.into_std()?, tls)?
+        .http1_only()
+        .handle(handle)
+        .serve(router.into_make_service())
         .await
 }
 

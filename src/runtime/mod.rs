@@ -1,6 +1,8 @@
-//! The production runtime around the controllers: leader election, probes and metrics over HTTP,
+//! The production runtime around the controllers: leader election, probes over HTTP, metrics over
+//! HTTPS behind the API server's authentication and authorization,
 //! traces and logs, shutdown. Nothing here knows CdnCluster or At; `crate::run` glues them.
 
+pub mod access;
 pub mod http;
 pub mod instrument;
 pub mod leader;
@@ -9,6 +11,7 @@ pub mod metrics;
 pub mod process;
 pub mod shutdown;
 pub mod telemetry;
+pub mod tls;
 
 /// Parses a duration flag the way Go and kubebuilder operators write them (`15s`, `500ms`,
 /// `1m30s`), also accepting ISO 8601 (`PT15S`). Negative durations are refused.

@@ -2,6 +2,7 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// A free loopback port: bound then released.
@@ -32,13 +33,65 @@ pub fn http_get_accepting(port: u16, path: &str, accept: &str) -> Option<Reply> 
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
     let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
     stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nAccept: {accept}\r\nConnection: close\r\n\r\n"
+    exchange(&mut stream, &request(addr, path, accept, None))
+}
+
+/// The same GET over TLS, with `Authorization: Bearer <token>` when a token is given, as
+/// Prometheus scrapes a secured endpoint with `insecureSkipVerify` (the operator's default
+/// certificate is self-signed): the certificate chain is not verified, its signatures are.
+/// `None` when the TLS handshake or the exchange fails.
+pub fn https_get(port: u16, path: &str, accept: &str, token: Option<&str>) -> Option<Reply> {
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let mut stream = tls_connect(addr)?;
+    exchange(&mut stream, &request(addr, path, accept, token))
+}
+
+/// The certificate (DER) a TLS server on loopback `port` presents; `None` without a handshake.
+pub fn tls_certificate(port: u16) -> Option<Vec<u8>> {
+    let mut stream = tls_connect(SocketAddr::from(([127, 0, 0, 1], port)))?;
+    while stream.conn.is_handshaking() {
+        stream.conn.complete_io(&mut stream.sock).ok()?;
+    }
+    let leaf = stream.conn.peer_certificates()?.first()?.to_vec();
+    Some(leaf)
+}
+
+fn tls_connect(
+    addr: SocketAddr,
+) -> Option<rustls::StreamOwned<rustls::ClientConnection, TcpStream>> {
+    let tcp = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
+    tcp.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .ok()?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(SkipVerify(provider)))
+        .with_no_client_auth();
+    let name = rustls::pki_types::ServerName::try_from("localhost").ok()?;
+    let connection = rustls::ClientConnection::new(Arc::new(config), name).ok()?;
+    Some(rustls::StreamOwned::new(connection, tcp))
+}
+
+fn request(addr: SocketAddr, path: &str, accept: &str, token: Option<&str>) -> String {
+    let authorization = token
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
+    format!(
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nAccept: {accept}\r\n{authorization}Connection: close\r\n\r\n"
     )
-    .ok()?;
+}
+
+/// Writes `request`, reads the response to the end of the connection and parses it.
+fn exchange(stream: &mut (impl Read + Write), request: &str) -> Option<Reply> {
+    stream.write_all(request.as_bytes()).ok()?;
     let mut response = Vec::new();
-    stream.read_to_end(&mut response).ok()?;
+    if let Err(error) = stream.read_to_end(&mut response) {
+        // A TLS peer that closes without close_notify after a complete response is common.
+        if error.kind() != std::io::ErrorKind::UnexpectedEof || response.is_empty() {
+            return None;
+        }
+    }
     let text = String::from_utf8_lossy(&response);
     let (head, body) = text.split_once("\r\n\r\n")?;
     let status = head.split_whitespace().nth(1)?.parse().ok()?;
@@ -59,6 +112,56 @@ pub fn http_get_accepting(port: u16, path: &str, accept: &str) -> Option<Reply> 
         content_type: header("content-type:").unwrap_or_default(),
         body,
     })
+}
+
+/// Accepts any certificate chain (`insecureSkipVerify`) but checks the handshake signatures
+/// with the provider's algorithms, so the peer still proves it holds the certificate's key.
+#[derive(Debug)]
+struct SkipVerify(Arc<rustls::crypto::CryptoProvider>);
+
+impl rustls::client::danger::ServerCertVerifier for SkipVerify {
+    fn verify_server_cert(
+        &self,
+        _: &rustls::pki_types::CertificateDer<'_>,
+        _: &[rustls::pki_types::CertificateDer<'_>],
+        _: &rustls::pki_types::ServerName<'_>,
+        _: &[u8],
+        _: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
 }
 
 fn dechunk(mut body: &str) -> String {

@@ -10,7 +10,7 @@ pub mod process;
 pub mod race;
 pub mod wait;
 
-pub use http::{free_port, http_get, http_get_accepting, Reply};
+pub use http::{free_port, http_get, http_get_accepting, https_get, tls_certificate, Reply};
 pub use metrics::{has_line, metric_sum, sample};
 pub use process::{run_with_stdin, Operator, Signal, Usage, SIGINT, SIGTERM};
 pub use race::racing;

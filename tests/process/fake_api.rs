@@ -1,6 +1,7 @@
 //! The fake API server: it answers what the operator asks. /version, lists (one CdnCluster or
 //! none), watches (held open, silent), server-side applies (echoed), status patches (merged),
-//! Events, and a Lease (get/create/merge-patch).
+//! Events, a Lease (get/create/merge-patch), and the TokenReviews and SubjectAccessReviews of
+//! the secured /metrics.
 
 use axum::body::{Body, Bytes};
 use axum::extract::State;
@@ -26,6 +27,10 @@ pub struct FakeState {
     pub status_writes_started: usize,
     pub status_writes_done: usize,
     pub user_agents: std::collections::BTreeSet<String>,
+    /// The bearer tokens TokenReviews accept, and the user each names; any other is rejected.
+    pub tokens: std::collections::BTreeMap<String, String>,
+    /// The users SubjectAccessReviews allow to get /metrics (as a metrics-reader binding would).
+    pub metrics_readers: std::collections::BTreeSet<String>,
 }
 
 type Shared = Arc<Mutex<FakeState>>;
@@ -98,6 +103,29 @@ async fn handle(
                    "gitTreeState": "clean", "buildDate": "2026-01-01T00:00:00Z", "goVersion": "go1",
                    "compiler": "gc", "platform": "linux/amd64"}),
         );
+    }
+    if method == Method::POST && path == "/apis/authentication.k8s.io/v1/tokenreviews" {
+        let token = body["spec"]["token"].as_str().unwrap_or("");
+        let status = match s.tokens.get(token) {
+            Some(user) => json!({"authenticated": true,
+                "user": {"username": user, "uid": format!("uid-{user}"), "groups": ["system:authenticated"]}}),
+            None => json!({"authenticated": false, "error": "invalid bearer token"}),
+        };
+        let mut review = body;
+        review["status"] = status;
+        return reply(201, review);
+    }
+    if method == Method::POST && path == "/apis/authorization.k8s.io/v1/subjectaccessreviews" {
+        let spec = &body["spec"];
+        let allowed = spec["nonResourceAttributes"] == json!({"path": "/metrics", "verb": "get"})
+            && spec["resourceAttributes"].is_null()
+            && spec["groups"] == json!(["system:authenticated"])
+            && spec["user"].as_str().is_some_and(|user| {
+                s.metrics_readers.contains(user) && spec["uid"] == format!("uid-{user}")
+            });
+        let mut review = body;
+        review["status"] = json!({"allowed": allowed});
+        return reply(201, review);
     }
     if query
         .split('&')

@@ -45,6 +45,10 @@ impl Launch for Operator {
                 command.arg(format!("{flag}=127.0.0.1:0"));
             }
         }
+        // Plain HTTP unless a test asks for the secured endpoint (tests/process/secure_metrics.rs).
+        if !args.iter().any(|a| a.starts_with("--metrics-secure")) {
+            command.arg("--metrics-secure=false");
+        }
         command.args(args).env("KUBECONFIG", kubeconfig);
         for name in [
             "RUST_LOG",
@@ -57,6 +61,8 @@ impl Launch for Operator {
             "OTEL_SDK_DISABLED",
             "LEADER_ELECT",
             "LOG_FORMAT",
+            "METRICS_SECURE",
+            "METRICS_CERT_DIR",
         ] {
             command.env_remove(name);
         }

@@ -1,5 +1,6 @@
 //! The built binary under `cdn-operator run`, against a small fake API server on loopback (no
-//! real API server can be installed here): probes and metrics over real HTTP, promtool on the
+//! real API server can be installed here): probes and metrics over real HTTP, metrics over HTTPS
+//! behind TokenReview and SubjectAccessReview, promtool on the
 //! exposition, leader election through the Lease endpoints, traces to the OTLP test receiver,
 //! SIGTERM and SIGINT, lease loss, bad flags and an unreachable API server.
 //!
@@ -12,6 +13,7 @@ mod otlp;
 
 mod election;
 mod probes_and_metrics;
+mod secure_metrics;
 mod shutdown;
 mod start_failures;
 mod traces;

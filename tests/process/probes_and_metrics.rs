@@ -208,7 +208,7 @@ fn leader_serves_probes_and_metrics_then_releases_the_lease_and_exits_0_on_sigte
 /// `promtool check metrics` on what /metrics served: whether it passed, and what it said.
 /// promtool is installed by scripts/install-test-deps.sh; a missing one fails the test rather
 /// than skipping it.
-fn promtool_check_metrics(exposition: &str) -> (bool, String) {
+pub fn promtool_check_metrics(exposition: &str) -> (bool, String) {
     let output = cdn_operator_testkit::run_with_stdin(
         Command::new("promtool").args(["check", "metrics"]),
         exposition,

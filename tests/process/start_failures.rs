@@ -54,7 +54,7 @@ fn a_broken_kubeconfig_is_one_line_and_exit_1() {
 fn bad_flags_are_one_line_and_non_zero() {
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = kubeconfig(dir.path(), free_port());
-    let cases: [(&[&str], &str); 6] = [
+    let cases: [(&[&str], &str); 8] = [
         (&["--leader-election-lease-duration=soon"], "cdn-operator: invalid value 'soon' for '--leader-election-lease-duration"),
         (&["--no-such-flag"], "cdn-operator: unexpected argument '--no-such-flag' found"),
         (&["--max-concurrent-reconciles=0"], "cdn-operator: invalid value '0' for '--max-concurrent-reconciles"),
@@ -64,6 +64,14 @@ fn bad_flags_are_one_line_and_non_zero() {
         ),
         (&[], "cdn-operator: cannot tell which namespace to hold the leader election lease in"),
         (&["--leader-elect=false", "--metrics-bind-address=8080"], "cdn-operator: --metrics-bind-address: `8080` is not a listen address"),
+        (
+            &["--leader-elect=false", "--metrics-secure=true", "--metrics-cert-dir=/nonexistent"],
+            "cdn-operator: cannot read /nonexistent/tls.crt: ",
+        ),
+        (
+            &["--leader-elect=false", "--metrics-secure=false", "--metrics-cert-dir=/tmp"],
+            "cdn-operator: --metrics-cert-dir needs --metrics-secure=true",
+        ),
     ];
     for (args, expected) in cases {
         let (status, stderr) = failure(&kubeconfig, args, Duration::from_secs(20));
