@@ -55,6 +55,9 @@ impl Launch for Operator {
             "OTEL_EXPORTER_OTLP_ENDPOINT",
             "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
             "OTEL_SDK_DISABLED",
+            "OTEL_EXPORTER_OTLP_CERTIFICATE",
+            "SSL_CERT_FILE",
+            "SSL_CERT_DIR",
             "LEADER_ELECT",
             "LOG_FORMAT",
         ] {
