@@ -11,6 +11,7 @@ mod launch;
 mod otlp;
 
 mod election;
+mod image;
 mod probes_and_metrics;
 mod shutdown;
 mod start_failures;
