@@ -41,6 +41,7 @@ fn the_image_resolves_its_api_server_and_collector_by_name_and_delivers_spans() 
     let etc = root.join("etc");
     std::fs::create_dir_all(&etc).unwrap();
     std::fs::create_dir_all(root.join("proc")).unwrap();
+    std::fs::create_dir_all(root.join("dev")).unwrap();
     std::fs::write(
         etc.join("hosts"),
         "127.0.0.1 localhost\n::1 localhost\n127.0.0.1 kube-api.test\n",
@@ -56,13 +57,14 @@ fn the_image_resolves_its_api_server_and_collector_by_name_and_delivers_spans() 
     assert_ne!(by_name, kubeconfig);
     std::fs::write(etc.join("kubeconfig"), by_name).unwrap();
 
-    // A mount namespace of its own for /proc; each step execs the next, so the pid signalled
+    // A mount namespace of its own for /proc and /dev (/dev/urandom: getrandom's fallback in a
+    // static binary), as a runtime mounts them; each step execs the next, so the pid signalled
     // below is the operator's.
     let mut command = Command::new("unshare");
     command
         .args(["--mount", "--propagation", "private", "--", "sh", "-c"])
         .arg(
-            r#"root=$1; shift; mount --bind /proc "$root/proc" \
+            r#"root=$1; shift; mount --bind /proc "$root/proc" && mount --bind /dev "$root/dev" \
                && exec chroot --userspec=65532:65532 "$root" /cdn-operator "$@""#,
         )
         .arg("sh")
