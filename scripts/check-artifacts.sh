@@ -216,15 +216,23 @@ else
   config=$("${bah[@]}" inspect --type image --format '{{.OCIv1.Config.User}} {{.OCIv1.Config.Entrypoint}}' "$tag")
   # The image holds the binary and nothing else (no shell), and the binary runs from it.
   ctr=$("${bah[@]}" from "$tag")
+  mkdir "$work/image-root"
   rootfs=$("${bah[@]}" mount "$ctr")
   files=$(cd "$rootfs" && find . -mindepth 1 | sort | tr '\n' ' ')
   version=$(env -i "$rootfs/cdn-operator" version)
+  cp -a "$rootfs/." "$work/image-root/"
   "${bah[@]}" umount "$ctr" >/dev/null
   "${bah[@]}" rm "$ctr" >/dev/null
   "${bah[@]}" rmi "$tag" >/dev/null
   [ "$config" = '65532:65532 [/cdn-operator]' ] || { echo "unexpected image config: $config"; exit 1; }
   [ "$files" = './cdn-operator ' ] || { echo "unexpected files in the image: $files"; exit 1; }
   echo "ok image: user and entrypoint $config, only /cdn-operator, $version"
+  # That filesystem run as a runtime runs it (tests/process/image.rs): chroot as 65532 with
+  # /etc/hosts and /etc/resolv.conf, the API server named in /etc/hosts, the OTLP collector by
+  # DNS (dnsmasq on loopback), no CA files: the spans of a reconcile must arrive.
+  CDN_OPERATOR_IMAGE_ROOT="$work/image-root" cargo test --locked --test process -- --ignored --exact \
+    image::the_image_resolves_its_api_server_and_collector_by_name_and_delivers_spans
+  echo "ok image: resolves host names through /etc/hosts and DNS, exports traces over http without CA files"
   btag=localhost/cdn-operator-bundle:check-$$
   "${bah[@]}" bud --isolation chroot --quiet -f bundle/bundle.Dockerfile -t "$btag" bundle >/dev/null
   "${bah[@]}" rmi "$btag" >/dev/null

@@ -14,6 +14,8 @@ command -v promtool >/dev/null 2>&1 || apt_packages+=(prometheus)
 command -v lua5.1 >/dev/null 2>&1 || apt_packages+=(lua5.1)
 [ -f /usr/share/lua/5.1/dkjson.lua ] || apt_packages+=(lua-dkjson)
 command -v buildah >/dev/null 2>&1 || apt_packages+=(buildah)
+# The DNS server the image's run answers the collector's name from (tests/process/image.rs).
+command -v dnsmasq >/dev/null 2>&1 || [ -x /usr/sbin/dnsmasq ] || apt_packages+=(dnsmasq-base)
 command -v unzip >/dev/null 2>&1 || apt_packages+=(unzip)
 if [ ${#apt_packages[@]} -gt 0 ]; then
   apt-get update -qq

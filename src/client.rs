@@ -20,12 +20,54 @@ pub fn identify(config: &mut Config) {
 }
 
 /// A client for the cluster of `KUBECONFIG` (or `~/.kube/config`), or the in-cluster config.
-pub async fn connect() -> Result<Client, kube::Error> {
+pub async fn connect() -> Result<Client, String> {
     // kube is built with ring, but another crate in the graph (in test builds, the fake
     // client's jsonschema) may enable aws-lc-rs too; rustls then refuses to pick one and
     // panics. Choose explicitly; an Err means a provider is already installed, which is fine.
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let mut config = Config::infer().await.map_err(kube::Error::InferConfig)?;
+    let mut config = Config::infer()
+        .await
+        .map_err(|e| kube::Error::InferConfig(e).to_string())?;
     identify(&mut config);
-    Client::try_from(config)
+    trust_default_roots(&mut config)?;
+    Client::try_from(config).map_err(|e| e.to_string())
+}
+
+/// A kubeconfig that names no CA (the in-cluster config always does): kube would ask the
+/// system's store, which the image does not have, and fail even for an `http://` server. An
+/// `https://` server is verified against [`crate::trust::default_roots`] instead; `http://`
+/// needs no CA.
+fn trust_default_roots(config: &mut Config) -> Result<(), String> {
+    if config.root_cert.is_some() {
+        return Ok(());
+    }
+    let roots = if config.cluster_url.scheme_str() == Some("https") {
+        crate::trust::default_roots()?
+    } else {
+        Vec::new()
+    };
+    config.root_cert = Some(roots.into_iter().map(|c| c.to_vec()).collect());
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_kubeconfig_without_a_ca_trusts_the_default_roots_for_https_only() {
+        let mut https = Config::new("https://api.example:6443".parse().unwrap());
+        trust_default_roots(&mut https).unwrap();
+        let roots = https.root_cert.unwrap();
+        assert!(roots.len() >= webpki_root_certs::TLS_SERVER_ROOT_CERTS.len());
+
+        let mut http = Config::new("http://api.example:8080".parse().unwrap());
+        trust_default_roots(&mut http).unwrap();
+        assert_eq!(http.root_cert, Some(vec![]));
+
+        let mut own = Config::new("https://api.example:6443".parse().unwrap());
+        own.root_cert = Some(vec![b"the kubeconfig's CA".to_vec()]);
+        trust_default_roots(&mut own).unwrap();
+        assert_eq!(own.root_cert, Some(vec![b"the kubeconfig's CA".to_vec()]));
+    }
 }

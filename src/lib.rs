@@ -16,6 +16,7 @@ pub mod reconcile;
 pub mod restricted;
 pub mod run;
 pub mod runtime;
+pub mod trust;
 
 /// The operator's version, as built.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -219,41 +219,57 @@ where
     Ok((layer, provider))
 }
 
-/// The connection to the collector: TLS (trusting the system's CAs, or only those of
-/// `certificate`) for `https://`, plain TCP for `http://`.
+/// The connection to the collector: plain TCP for `http://`, where no certificate is read (the
+/// image has no CA files, and a missing store must not stop an operator that never uses it); TLS
+/// for `https://`, trusting [`https_roots`].
 fn connector(
     otlp: &Otlp,
 ) -> Result<hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>, String>
 {
-    use rustls::pki_types::{pem::PemObject, CertificateDer};
-    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
-    let builder = hyper_rustls::HttpsConnectorBuilder::new();
-    let builder = match &otlp.certificate {
-        None => builder
-            .with_provider_and_native_roots(provider)
-            .map_err(|e| format!("cannot load the system's CA certificates for OTLP: {e}"))?,
-        Some(path) => {
-            let unreadable = |e: &dyn std::fmt::Display| {
-                format!("OTEL_EXPORTER_OTLP_CERTIFICATE `{}`: {e}", path.display())
-            };
-            let mut roots = rustls::RootCertStore::empty();
-            for cert in CertificateDer::pem_file_iter(path).map_err(|e| unreadable(&e))? {
-                roots
-                    .add(cert.map_err(|e| unreadable(&e))?)
-                    .map_err(|e| unreadable(&e))?;
-            }
-            if roots.is_empty() {
-                return Err(unreadable(&"no certificate in the file"));
-            }
-            let config = rustls::ClientConfig::builder_with_provider(provider)
-                .with_safe_default_protocol_versions()
-                .map_err(|e| unreadable(&e))?
-                .with_root_certificates(roots)
-                .with_no_client_auth();
-            builder.with_tls_config(config)
-        }
+    let https = url::Url::parse(&otlp.endpoint).is_ok_and(|url| url.scheme() == "https");
+    let roots = if https {
+        https_roots(otlp.certificate.as_deref())?
+    } else {
+        rustls::RootCertStore::empty()
     };
-    Ok(builder.https_or_http().enable_http1().build())
+    let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| format!("cannot set up TLS for OTLP: {e}"))?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    Ok(hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(config)
+        .https_or_http()
+        .enable_http1()
+        .build())
+}
+
+/// The CAs an `https://` collector is verified against: only those of `certificate` when set,
+/// else [`crate::trust::default_roots`].
+fn https_roots(certificate: Option<&std::path::Path>) -> Result<rustls::RootCertStore, String> {
+    use rustls::pki_types::{pem::PemObject, CertificateDer};
+    let Some(path) = certificate else {
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add_parsable_certificates(
+            crate::trust::default_roots().map_err(|e| format!("{e} (for OTLP)"))?,
+        );
+        return Ok(roots);
+    };
+    let unreadable = |e: &dyn std::fmt::Display| {
+        format!("OTEL_EXPORTER_OTLP_CERTIFICATE `{}`: {e}", path.display())
+    };
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_file_iter(path).map_err(|e| unreadable(&e))? {
+        roots
+            .add(cert.map_err(|e| unreadable(&e))?)
+            .map_err(|e| unreadable(&e))?;
+    }
+    if roots.is_empty() {
+        return Err(unreadable(&"no certificate in the file"));
+    }
+    Ok(roots)
 }
 
 /// The trace id for a span: the OpenTelemetry one when traces are exported, a fresh random one
@@ -358,7 +374,7 @@ mod tests {
     }
 
     #[test]
-    fn https_trusts_the_system_or_the_given_ca() {
+    fn https_trusts_the_built_in_and_system_roots_or_the_given_ca() {
         let tls = Otlp::from_env(env(&[
             ("OTEL_EXPORTER_OTLP_ENDPOINT", "https://collector:4318"),
             ("OTEL_EXPORTER_OTLP_CERTIFICATE", "/etc/otel/ca.pem"),
@@ -386,6 +402,16 @@ mod tests {
             ..tls.clone()
         };
         assert!(connector(&empty).err().unwrap().contains("no certificate"));
+        // `http://` reads no certificate at all: not even a CA file named by mistake.
+        let plain = Otlp {
+            endpoint: "http://collector:4318/v1/traces".into(),
+            certificate: Some(dir.path().join("missing.pem")),
+            ..tls.clone()
+        };
+        assert!(connector(&plain).is_ok());
+        // Without a CA file, Mozilla's roots are there whatever the machine has.
+        let builtin = https_roots(None).unwrap();
+        assert!(builtin.len() >= webpki_root_certs::TLS_SERVER_ROOT_CERTS.len());
         // A real CA bundle, when the machine has one.
         let bundle = std::path::Path::new("/etc/ssl/certs/ca-certificates.crt");
         if bundle.exists() {

@@ -12,6 +12,7 @@ mod launch;
 mod otlp;
 
 mod election;
+mod image;
 mod probes_and_metrics;
 mod secure_metrics;
 mod shutdown;

@@ -79,3 +79,30 @@ fn bad_flags_are_one_line_and_non_zero() {
         assert!(stderr.starts_with(expected), "{args:?}: {stderr}");
     }
 }
+
+#[test]
+fn an_unreadable_ca_bundle_for_an_https_collector_is_one_line_and_exit_1() {
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = kubeconfig(dir.path(), free_port());
+    let missing = dir.path().join("missing.pem");
+    let mut operator = Operator::start(
+        &kubeconfig,
+        &["--leader-elect=false"],
+        &[
+            (
+                "OTEL_EXPORTER_OTLP_ENDPOINT",
+                "https://collector.example:4318",
+            ),
+            ("SSL_CERT_FILE", missing.to_str().unwrap()),
+        ],
+    );
+    let status = operator.wait_exit(Duration::from_secs(20));
+    let stderr = operator.stderr();
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.starts_with("cdn-operator: SSL_CERT_FILE / SSL_CERT_DIR: ")
+            && stderr.contains("missing.pem"),
+        "{stderr}"
+    );
+}

@@ -41,6 +41,9 @@ fn the_spans_of_a_reconcile_reach_an_otlp_receiver_with_their_parent_links() {
         &[
             ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
             ("OTEL_SERVICE_NAME", "cdn-operator-test"),
+            // No CA file anywhere, as in the image: plain http reads none.
+            ("SSL_CERT_FILE", "/nonexistent/ca-certificates.crt"),
+            ("SSL_CERT_DIR", "/nonexistent/certs"),
         ],
     );
 
@@ -141,19 +144,44 @@ fn spans_reach_an_https_collector_verified_with_the_given_ca() {
         operator.stdout()
     );
 
-    // The same collector without its CA: the certificate is refused, nothing is delivered, and
-    // a failing export never fails the operator.
-    let before = spans.iter().filter(|s| s["name"] == "reconcile").count();
+    let reconciles = || {
+        std::fs::read_to_string(&receiver.spans)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains("\"name\": \"reconcile\""))
+            .count()
+    };
+
+    // The same collector without its CA, on a machine with no CA files (the image: an empty
+    // SSL_CERT_DIR leaves only the built-in roots): the operator starts, the certificate is
+    // refused, nothing is delivered, and a failing export never fails the operator.
+    let before = reconciles();
+    let empty = dir.path().join("no-system-cas");
+    std::fs::create_dir(&empty).unwrap();
     one_reconcile(
         &api,
         &["--leader-elect=false"],
-        &[("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint)],
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
+            ("SSL_CERT_DIR", empty.to_str().unwrap()),
+        ],
     );
     // The operator has exited: whatever it could deliver, it has.
-    let after = std::fs::read_to_string(&receiver.spans)
-        .unwrap_or_default()
-        .lines()
-        .filter(|l| l.contains("\"name\": \"reconcile\""))
-        .count();
-    assert_eq!(after, before, "an untrusted collector receives nothing");
+    assert_eq!(
+        reconciles(),
+        before,
+        "an untrusted collector receives nothing"
+    );
+
+    // A private CA mounted into the pod and named by SSL_CERT_FILE is trusted beside the
+    // built-in roots.
+    one_reconcile(
+        &api,
+        &["--leader-elect=false"],
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
+            ("SSL_CERT_FILE", &ca),
+        ],
+    );
+    assert_eq!(reconciles(), before + 1, "trusted through SSL_CERT_FILE");
 }
