@@ -322,15 +322,19 @@ fn try_get(addr: &str, path: &str) -> std::io::Result<Response> {
     })
 }
 
-fn origin_conf(root: &Path, listen: &str, tmp: &Path) -> String {
+/// An origin: nginx serving the files under `root` at `addr`, its temp files under `dir`/tmp.
+fn start_origin(name: &str, root: &Path, dir: &Path, hosts: &Path, addr: &str) -> Nginx {
+    let tmp = dir.join("tmp");
+    std::fs::create_dir_all(&tmp).unwrap();
     let tmp = tmp.display();
-    format!(
-        "pid {tmp}/origin-{listen}.pid;\nevents {{}}\nhttp {{\n  access_log off;\n  \
+    let conf = format!(
+        "pid {tmp}/origin-{addr}.pid;\nevents {{}}\nhttp {{\n  access_log off;\n  \
          client_body_temp_path {tmp}/ocb; proxy_temp_path {tmp}/op; fastcgi_temp_path {tmp}/of;\n  \
          uwsgi_temp_path {tmp}/ou; scgi_temp_path {tmp}/os;\n  \
-         server {{ listen {listen}; root {}; }}\n}}\n",
+         server {{ listen {addr}; root {}; }}\n}}\n",
         root.display()
-    )
+    );
+    start(name, &conf, dir, hosts, addr)
 }
 
 #[test]
@@ -391,18 +395,16 @@ fn seed_topology_routes_caches_and_answers_404() {
     ];
 
     let mut servers = Vec::new();
-    let tmp = d.join("tmp");
-    std::fs::create_dir_all(&tmp).unwrap();
-    servers.push(start(
+    servers.push(start_origin(
         "origin-live",
-        &origin_conf(&live_root, "127.0.0.21:80", &tmp),
+        &live_root,
         d,
         &hosts,
         "127.0.0.21:80",
     ));
-    servers.push(start(
+    servers.push(start_origin(
         "origin-vod",
-        &origin_conf(&vod_root, "127.0.0.22:80", &tmp),
+        &vod_root,
         d,
         &hosts,
         "127.0.0.22:80",
@@ -574,15 +576,7 @@ fn a_pool_spreads_uris_by_consistent_hashing_and_fails_over_without_errors() {
             ("origin.default.svc", "127.0.0.40"),
         ],
     );
-    let tmp = d.join("tmp");
-    std::fs::create_dir_all(&tmp).unwrap();
-    let _origin = start(
-        "origin",
-        &origin_conf(&root, "127.0.0.40:80", &tmp),
-        d,
-        &hosts,
-        "127.0.0.40:80",
-    );
+    let _origin = start_origin("origin", &root, d, &hosts, "127.0.0.40:80");
     let paths = |name: &str, listen: &str| {
         let own = d.join(name);
         std::fs::create_dir_all(&own).unwrap();
@@ -914,15 +908,7 @@ fn the_pod_runs_nginx_as_any_uid_writing_only_to_its_empty_dirs() {
         .collect();
     std::fs::write(origin_root.join("vod/movie.mp4"), &movie).unwrap();
     let hosts = hosts_file(d, &[("origin.default.svc", "127.0.0.42")]);
-    let tmp = d.join("tmp");
-    std::fs::create_dir_all(&tmp).unwrap();
-    let _origin = start(
-        "origin",
-        &origin_conf(&origin_root, "127.0.0.42:80", &tmp),
-        d,
-        &hosts,
-        "127.0.0.42:80",
-    );
+    let _origin = start_origin("origin", &origin_root, d, &hosts, "127.0.0.42:80");
 
     for (name, role) in [("cache", Role::Cache), ("balancer", Role::Balancer)] {
         let c = cluster(

@@ -992,6 +992,21 @@ fn service_account_token(ns: &str, account: &str) -> String {
         .to_string()
 }
 
+/// Scrapes /metrics over HTTPS with `token` until the operator allows it (200), and checks that
+/// it served the controller metrics.
+async fn scrape_allowed(port: u16, token: &str, what: &str) {
+    let reply = eventually(what, WAIT, || async move {
+        cdn_operator_testkit::https_get(port, "/metrics", "*/*", Some(token))
+            .filter(|r| r.status == 200)
+    })
+    .await;
+    assert!(
+        reply.body.contains("controller_runtime_reconcile_total"),
+        "{}",
+        reply.body
+    );
+}
+
 /// Creates `name` as a copy of the shipped ClusterRole `shipped_name` and binds it to `subjects`;
 /// both are deleted with the test's namespace.
 async fn bind_shipped_cluster_role(
@@ -1242,19 +1257,7 @@ async fn rbac_the_shipped_roles_are_enough_for_the_whole_job() {
     .await;
     let token = service_account_token(&ns, &account);
     let port = env.operators[0].metrics;
-    let reply = eventually("an authorized scrape", WAIT, || {
-        let token = token.clone();
-        async move {
-            cdn_operator_testkit::https_get(port, "/metrics", "*/*", Some(&token))
-                .filter(|r| r.status == 200)
-        }
-    })
-    .await;
-    assert!(
-        reply.body.contains("controller_runtime_reconcile_total"),
-        "{}",
-        reply.body
-    );
+    scrape_allowed(port, &token, "an authorized scrape").await;
 
     let logs = env.operators[0].logs();
     let forbidden: Vec<&str> = logs
@@ -1324,19 +1327,7 @@ async fn metrics_answer_only_tokens_the_api_server_accepts_for_users_rbac_allows
     .await;
     // A denial is cached for 30 s (as controller-runtime): the binding counts after that.
     let started = Instant::now();
-    let allowed = eventually("the scrape allowed once bound", WAIT, || {
-        let token = token.clone();
-        async move {
-            cdn_operator_testkit::https_get(port, "/metrics", "*/*", Some(&token))
-                .filter(|r| r.status == 200)
-        }
-    })
-    .await;
-    assert!(
-        allowed.body.contains("controller_runtime_reconcile_total"),
-        "{}",
-        allowed.body
-    );
+    scrape_allowed(port, &token, "the scrape allowed once bound").await;
     eprintln!(
         "measured: 403 to 200 after the binding in {:?}",
         started.elapsed()
