@@ -8,7 +8,8 @@
 //!    over ten namespaces) reconciled with the real `cdncluster::reconcile`, caches filled from the
 //!    API as the watches would fill them: time, writes per reconcile; then a second pass after the
 //!    caches caught up: writes must be 0.
-//! 2. Resident memory of reflector stores holding 10,000 CdnClusters and their 30,000 children as
+//! 2. Resident memory of the caches (kube's store of CdnClusters, compact records of children)
+//!    holding 10,000 CdnClusters and their 30,000 children as
 //!    the operator caches them, made from objects a real v1.36 API server returned (defaults,
 //!    status, managedFields: `tests/fixtures/real-server/`).
 //!
@@ -17,7 +18,7 @@
 use cdn_operator::api::{CdnCluster, CdnClusterSpec, Role, Source};
 use cdn_operator::cache;
 use cdn_operator::cdncluster::{self, Context};
-use cdn_operator::compact::Compact;
+use cdn_operator::compact::{Compact, Records};
 use cdn_operator::events::Events;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Service};
@@ -217,6 +218,25 @@ fn cached_child<K>(i: usize, kind: &str) -> Compact<K> {
     serde_json::from_value(served(&kind_of(i, kind), i)).expect("a child")
 }
 
+/// Fills one compact cache with `n` children made by `make`, as the watch fills it; (RSS growth
+/// in KiB, JSON bytes of the objects as delivered, compacted).
+fn fill_records<K>(n: usize, make: impl Fn(usize) -> Compact<K>) -> (Records, u64, usize)
+where
+    K: Resource<DynamicType = ()> + Send + 'static,
+{
+    let mut records = Records::default();
+    let before = rss_kib();
+    let mut bytes = 0;
+    for i in 0..n {
+        let obj = make(i);
+        bytes += serde_json::to_vec(&obj).unwrap().len();
+        cache::Writes::write(&mut records, &watcher::Event::Apply(obj));
+    }
+    let grown = rss_kib().saturating_sub(before);
+    assert_eq!(records.len(), n);
+    (records, grown, bytes)
+}
+
 /// Fills one store with `n` objects made by `make`; (RSS growth in KiB, JSON bytes).
 fn fill<K>(n: usize, make: impl Fn(usize) -> K) -> (Store<K>, u64, usize)
 where
@@ -246,13 +266,15 @@ fn memory_bench(n: usize) -> serde_json::Value {
     let before = rss_kib();
     // One kind after the other, so each store's growth is seen on its own.
     let (clusters, c_kib, c_bytes) = fill(n, cached_cluster);
-    let (config_maps, m_kib, m_bytes) = fill(n, |i| cached_child::<ConfigMap>(i, "configmap"));
-    let (services, s_kib, s_bytes) = fill(n, |i| cached_child::<Service>(i, "service"));
-    let (deployments, d_kib, d_bytes) = fill(n, |i| cached_child::<Deployment>(i, "deployment"));
+    let (config_maps, m_kib, m_bytes) =
+        fill_records(n, |i| cached_child::<ConfigMap>(i, "configmap"));
+    let (services, s_kib, s_bytes) = fill_records(n, |i| cached_child::<Service>(i, "service"));
+    let (deployments, d_kib, d_bytes) =
+        fill_records(n, |i| cached_child::<Deployment>(i, "deployment"));
     let after = rss_kib();
     let delta = after.saturating_sub(before);
     let bytes = c_bytes + m_bytes + s_bytes + d_bytes;
-    println!("== in-memory cache footprint (reflector stores, objects as a real API server returns them) ==");
+    println!("== in-memory cache footprint (the operator's caches, objects as a real API server returns them) ==");
     println!("| store | objects | VmRSS growth | per object | JSON per object as cached |");
     println!("|---|---|---|---|---|");
     for (kind, kib, json) in [

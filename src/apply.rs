@@ -2,7 +2,7 @@
 //! object already holds what would be applied, so a steady state sends no write at all; and the
 //! release of a finalizer, which must never create anything.
 
-use crate::compact::Compact;
+use crate::compact::Record;
 use kube::api::{Api, Patch, PatchParams};
 use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
@@ -39,7 +39,7 @@ pub enum Change {
 /// the operator still owns every field of `desired` (see [`crate::fields`]). Values are never
 /// compared: zero values the server drops, its defaults and normalizations, and the fields other
 /// managers own cost no write.
-pub fn change<K>(desired: &mut K, observed: Option<&Compact<K>>) -> Option<Change>
+pub fn change<K>(desired: &mut K, observed: Option<&Record>) -> Option<Change>
 where
     K: Resource + Serialize,
 {
@@ -54,7 +54,7 @@ where
     let Some(observed) = observed else {
         return Some(Change::Created);
     };
-    if observed.annotations().get(APPLIED_HASH_ANNOTATION) != Some(&hash) {
+    if !observed.applied_hash_is(&hash) {
         return Some(Change::Updated);
     }
     let owned = observed.owned.as_ref();
@@ -69,7 +69,7 @@ where
 pub async fn apply<K>(
     api: &Api<K>,
     mut desired: K,
-    observed: Option<&Compact<K>>,
+    observed: Option<&Record>,
 ) -> kube::Result<Option<(Change, K)>>
 where
     K: Resource + Serialize + DeserializeOwned + Clone + Debug,

@@ -4,6 +4,7 @@
 use futures::{Stream, StreamExt};
 use kube::api::Api;
 use kube::runtime::reflector::{self, Store};
+use crate::compact::{Compact, Records};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
@@ -16,29 +17,44 @@ use tokio::sync::watch;
 /// How long a reconcile waits for its writes to reach the caches (see [`until_visible`]).
 pub const WRITES_VISIBLE_WITHIN: Duration = Duration::from_secs(2);
 
-/// Waits, at most `within`, until `store` holds the version of `key` a write answered with
+/// A cache that answers the resourceVersion it holds of an object.
+pub trait Versions: Clone + Send + Sync + 'static {
+    type Key: Send + Sync + 'static;
+    /// The cached version of `key`; `None` when it is not cached.
+    fn version(&self, key: &Self::Key) -> Option<String>;
+}
+
+impl<K> Versions for Store<K>
+where
+    K: Resource + Clone + Send + Sync + 'static,
+    K::DynamicType: Eq + Hash + Clone + Send + Sync,
+{
+    type Key = reflector::ObjectRef<K>;
+
+    fn version(&self, key: &Self::Key) -> Option<String> {
+        self.get(key).map(|cached| cached.resource_version().unwrap_or_default())
+    }
+}
+
+/// Waits, at most `within`, until `cache` holds the version of `key` a write answered with
 /// (`written`) or a later one (one other than `before`, the version cached before the write).
 ///
 /// Why: a reconcile's own writes trigger the next one at once, and the watch may deliver them a
 /// few milliseconds later: read from a cache that has not caught up, the next reconcile would
 /// write the same objects and Events again.
-pub async fn until_visible<K>(
-    store: &Store<K>,
-    key: &reflector::ObjectRef<K>,
+pub async fn until_visible<C: Versions>(
+    cache: &C,
+    key: &C::Key,
     before: Option<String>,
     written: Option<String>,
     within: Duration,
-) where
-    K: Resource + Clone,
-    K::DynamicType: Eq + Hash + Clone,
-{
+) {
     if within.is_zero() {
         return;
     }
     let caught_up = || {
-        store.get(key).is_some_and(|cached| {
-            let version = cached.resource_version();
-            version == written || version != before
+        cache.version(key).is_some_and(|version| {
+            Some(&version) == written.as_ref() || Some(&version) != before.as_ref()
         })
     };
     let deadline = tokio::time::Instant::now() + within;
@@ -81,7 +97,22 @@ pub fn strip<K: Resource>(obj: &mut K) {
     obj.annotations_mut().remove(LAST_APPLIED);
 }
 
-/// A cached watch of `api`: the store, and the stream that fills it (to be polled by a
+/// What fills a cache from watch events: kube's store writer, or [`crate::compact::Records`].
+pub trait Writes<K>: Send + 'static {
+    fn write(&mut self, event: &watcher::Event<K>);
+}
+
+impl<K> Writes<K> for reflector::store::Writer<K>
+where
+    K: Resource + Clone + Send + Sync + 'static,
+    K::DynamicType: Eq + Hash + Clone + Send + Sync,
+{
+    fn write(&mut self, event: &watcher::Event<K>) {
+        self.apply_watcher_event(event);
+    }
+}
+
+/// A cached watch of `api`: kube's store, and the stream that fills it (to be polled by a
 /// controller), each object [`strip`]ped before caching. `observe(event, cache)` sees each event
 /// before the cache takes it, so the cache still holds the object's previous version. A re-list
 /// is told to `relists` (see [`Relists`]).
@@ -89,7 +120,7 @@ pub fn cached<K, F>(
     api: Api<K>,
     config: watcher::Config,
     relists: &Relists,
-    observe: F,
+    mut observe: F,
 ) -> (
     Store<K>,
     impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
@@ -99,35 +130,54 @@ where
     K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
     F: FnMut(&watcher::Event<K>, &Store<K>) + Send + 'static,
 {
-    caching(watcher(api, config).default_backoff(), relists, observe)
-}
-
-/// [`cached`] over any stream of watch events.
-fn caching<K, F>(
-    events: impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
-    relists: &Relists,
-    mut observe: F,
-) -> (
-    Store<K>,
-    impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
-)
-where
-    K: Resource + Clone + Debug + Send + Sync + 'static,
-    K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
-    F: FnMut(&watcher::Event<K>, &Store<K>) + Send + 'static,
-{
     let (reader, writer) = reflector::store();
     let cache = reader.clone();
+    let events = watcher(api, config).default_backoff();
+    let stream = caching(events, relists, writer, move |event| observe(event, &cache));
+    (reader, stream)
+}
+
+/// A cached watch of `api` kept as [`Records`] (see [`crate::compact`]), and the stream of the
+/// [`Compact`] objects that fills it, to be polled by a controller.
+pub fn cached_records<K>(
+    api: Api<Compact<K>>,
+    config: watcher::Config,
+    relists: &Relists,
+) -> (
+    Records,
+    impl Stream<Item = Result<watcher::Event<Compact<K>>, watcher::Error>> + Send + 'static,
+)
+where
+    K: Resource<DynamicType = ()> + Send + 'static,
+{
+    let records = Records::default();
+    let events = watcher(api, config).default_backoff();
+    let stream = caching(events, relists, records.clone(), |_| {});
+    (records, stream)
+}
+
+/// Fills `cache` from `events`, `observe` seeing each event first; see [`cached`].
+fn caching<K, W, F>(
+    events: impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
+    relists: &Relists,
+    mut cache: W,
+    mut observe: F,
+) -> impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static
+where
+    K: Resource + Clone + Debug + Send + Sync + 'static,
+    W: Writes<K>,
+    F: FnMut(&watcher::Event<K>) + Send + 'static,
+{
     let relists = relists.clone();
     let mut listed_once = false;
-    let stream = events
+    events
         .modify(strip)
         .inspect(move |event| {
             if let Ok(event) = event {
-                observe(event, &cache);
+                observe(event);
+                cache.write(event);
             }
         })
-        .reflect(writer)
         // The objects of a re-list go to the store's buffer, which replaces the store only at its
         // end: a reconcile they triggered would read the world from before the watch lost its
         // place (and one for an object created meanwhile would find nothing and be dropped). So
@@ -146,8 +196,7 @@ where
                 _ => true,
             };
             futures::future::ready(keep)
-        });
-    (reader, stream)
+        })
 }
 
 /// When a controller's caches list again after the first time: their watch lost its place (the
@@ -286,7 +335,8 @@ mod tests {
     async fn after_a_relist_every_object_is_reconciled_on_the_new_cache_and_none_before() {
         let (watch, events) = mpsc::unbounded();
         let relists = Relists::default();
-        let (store, stream) = caching(events, &relists, |_, _| {});
+        let (store, writer) = reflector::store();
+        let stream = caching(events, &relists, writer, |_| {});
         let seen: Seen = Arc::default();
         let controller = Controller::for_stream(stream.applied_objects(), store.clone())
             .reconcile_all_on(relists.listed_again());

@@ -1,31 +1,97 @@
-//! A compact cached copy of an object the operator applies: its metadata, the fields the
-//! operator's last apply still owns, and its status. Domain-free.
+//! The compact cache of the objects the operator applies: per object, its version, generation,
+//! applied hash, the fields the operator's last apply still owns, and the few status counts read.
+//! Domain-free.
 //!
 //! Why: drift is told by ownership ([`crate::fields`]) and the applied hash, never by comparing
-//! specs, and only a Deployment's status is read; k8s-openapi types hold every optional field
-//! inline (a cached typed Deployment costs ~20 KiB), so the rest is dropped as it arrives.
+//! specs, and only a Deployment's rollout counts are read; k8s-openapi types hold every optional
+//! field inline (a cached typed Deployment costs ~20 KiB, an `ObjectMeta` alone ~0.4 KiB before
+//! its strings), and kube's store keys each object with two more strings. So a watch event is
+//! read into a [`Compact`] (the metadata the controller routes by, and a [`Record`]), and the
+//! cache ([`Records`]) keeps the record alone, under one key string: ~0.2 KiB per object.
 
+use crate::cache::{StoreReady, Versions, Writes};
 use crate::fields::Owned;
 use internment::ArcIntern;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::runtime::watcher;
 use kube::Resource;
-use serde::de::{DeserializeOwned, Error as _};
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::Value;
 use std::borrow::Cow;
+use std::collections::HashMap;
 use std::fmt;
 use std::marker::PhantomData;
+use std::sync::{Arc, RwLock};
+use tokio::sync::watch;
 
-/// An object of kind `K` as cached.
-pub struct Compact<K> {
-    /// What the operator reads of it (see [`kept`]); what matters of managedFields is in `owned`.
-    pub metadata: ObjectMeta,
+/// What the operator reads of a cached object.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Record {
+    /// Its resourceVersion (to wait for a write to reach the cache).
+    pub version: Box<str>,
+    /// Its generation (is its status current).
+    pub generation: Option<i64>,
+    /// The applied-hash annotation, when it is one the operator writes (16 lowercase hex digits).
+    applied_hash: Option<u64>,
     /// The fields of the operator's own apply (its managedFields entry for the main resource),
     /// `None` when it has none. Interned: children of one kind and shape own the same fields
     /// (fieldsV1 names fields and list keys, not values), so thousands share one copy.
     pub owned: Option<ArcIntern<Owned>>,
-    /// The status as compact JSON, if any.
-    status: Option<Box<str>>,
+    /// The rollout counts of its status, if it has any (a Deployment's).
+    pub rollout: Option<Box<Rollout>>,
+}
+
+/// The replica counts of a workload's status, and the generation they describe.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Rollout {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub updated_replicas: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_replicas: Option<i32>,
+}
+
+/// The applied hash as cached: 16 lowercase hex digits (what [`crate::apply::hash`] writes), or
+/// nothing (any other value matches no hash the operator computes).
+fn parse_hash(text: &str) -> Option<u64> {
+    let hex = text.len() == 16 && text.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+    hex.then(|| u64::from_str_radix(text, 16).ok()).flatten()
+}
+
+impl Record {
+    /// Whether the object carries `hash` as its applied hash.
+    pub fn applied_hash_is(&self, hash: &str) -> bool {
+        self.applied_hash.is_some() && self.applied_hash == parse_hash(hash)
+    }
+
+    /// The cached object as `K`, named `name`: its generation and status counts, no spec.
+    pub fn typed<K>(&self, name: &str) -> Result<K, serde_json::Error>
+    where
+        K: DeserializeOwned + Resource<DynamicType = ()>,
+    {
+        let mut value = serde_json::json!({
+            "apiVersion": K::api_version(&()),
+            "kind": K::kind(&()),
+            "metadata": {"name": name, "resourceVersion": &*self.version, "generation": self.generation},
+        });
+        if let Some(rollout) = &self.rollout {
+            value["status"] = serde_json::to_value(rollout)?;
+        }
+        serde_json::from_value(value)
+    }
+}
+
+/// An object of kind `K` as a watch delivers it to the cache: the metadata a controller routes
+/// by (name, namespace, version, controller owner) and its [`Record`]. Transient: [`Records`]
+/// keeps the record only.
+pub struct Compact<K> {
+    pub metadata: ObjectMeta,
+    pub record: Record,
     kind: PhantomData<fn() -> K>,
 }
 
@@ -37,29 +103,6 @@ impl<K> Compact<K> {
     {
         serde_json::from_value(serde_json::to_value(object).expect("objects serialize"))
             .expect("a serialized object is a JSON map")
-    }
-
-    /// The cached object as `K`: metadata and status, no spec.
-    pub fn typed(&self) -> Result<K, serde_json::Error>
-    where
-        K: DeserializeOwned + Resource<DynamicType = ()>,
-    {
-        serde_json::from_value(self.to_value())
-    }
-
-    fn to_value(&self) -> Value
-    where
-        K: Resource<DynamicType = ()>,
-    {
-        let mut value = serde_json::json!({
-            "apiVersion": K::api_version(&()),
-            "kind": K::kind(&()),
-            "metadata": self.metadata,
-        });
-        if let Some(status) = &self.status {
-            value["status"] = serde_json::from_str(status).expect("the status is JSON we wrote");
-        }
-        value
     }
 }
 
@@ -78,27 +121,19 @@ fn operator_fields(metadata: &ObjectMeta) -> Option<ArcIntern<Owned>> {
         .map(|fields| ArcIntern::new(Owned::of(&fields.0)))
 }
 
-/// The metadata the operator reads of a cached child: its key and version (the cache, waiting
-/// for a write), its generation (is the status current), its controller (which CdnCluster to
-/// reconcile when it changes) and the applied hash (is it what the operator would apply). The
-/// rest (labels, uid, timestamps, other annotations) is dropped: with thousands of children it
-/// is most of the cache.
-fn kept(metadata: ObjectMeta) -> ObjectMeta {
-    let applied_hash = metadata
-        .annotations
-        .and_then(|mut all| all.remove_entry(crate::apply::APPLIED_HASH_ANNOTATION));
+/// The metadata a controller routes an event by: the key, the version, and the controller
+/// (which object to reconcile when this one changes). The rest (labels, uid, timestamps,
+/// annotations: the applied hash is in the record) is dropped.
+fn routed(metadata: ObjectMeta) -> ObjectMeta {
     ObjectMeta {
         name: metadata.name,
         namespace: metadata.namespace,
         resource_version: metadata.resource_version,
-        generation: metadata.generation,
-        deletion_timestamp: metadata.deletion_timestamp,
         owner_references: metadata.owner_references.map(|refs| {
             refs.into_iter()
                 .filter(|r| r.controller == Some(true))
                 .collect()
         }),
-        annotations: applied_hash.map(|entry| [entry].into()),
         ..ObjectMeta::default()
     }
 }
@@ -113,16 +148,25 @@ impl<'de, K> Deserialize<'de> for Compact<K> {
             status: Option<Value>,
         }
         let Parts { metadata, status } = Parts::deserialize(deserializer)?;
-        let owned = operator_fields(&metadata);
-        let status = status
-            .filter(|s| !s.is_null())
-            .map(|s| serde_json::to_string(&s).map(String::into_boxed_str))
-            .transpose()
-            .map_err(D::Error::custom)?;
+        // Counts only: a status without any (a Service's, a ConfigMap's none) costs nothing.
+        let rollout = status
+            .and_then(|s| serde_json::from_value::<Rollout>(s).ok())
+            .filter(|r| *r != Rollout::default())
+            .map(Box::new);
+        let record = Record {
+            version: metadata.resource_version.as_deref().unwrap_or_default().into(),
+            generation: metadata.generation,
+            applied_hash: metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(crate::apply::APPLIED_HASH_ANNOTATION))
+                .and_then(|h| parse_hash(h)),
+            owned: operator_fields(&metadata),
+            rollout,
+        };
         Ok(Compact {
-            metadata: kept(metadata),
-            owned,
-            status,
+            metadata: routed(metadata),
+            record,
             kind: PhantomData,
         })
     }
@@ -130,7 +174,16 @@ impl<'de, K> Deserialize<'de> for Compact<K> {
 
 impl<K: Resource<DynamicType = ()>> Serialize for Compact<K> {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        self.to_value().serialize(serializer)
+        let mut value = serde_json::json!({
+            "apiVersion": K::api_version(&()),
+            "kind": K::kind(&()),
+            "metadata": self.metadata,
+        });
+        value["metadata"]["generation"] = self.record.generation.into();
+        if let Some(rollout) = &self.record.rollout {
+            value["status"] = serde_json::to_value(rollout).map_err(serde::ser::Error::custom)?;
+        }
+        value.serialize(serializer)
     }
 }
 
@@ -138,8 +191,7 @@ impl<K> Clone for Compact<K> {
     fn clone(&self) -> Self {
         Compact {
             metadata: self.metadata.clone(),
-            owned: self.owned.clone(),
-            status: self.status.clone(),
+            record: self.record.clone(),
             kind: PhantomData,
         }
     }
@@ -149,8 +201,7 @@ impl<K> fmt::Debug for Compact<K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Compact")
             .field("metadata", &self.metadata)
-            .field("owned", &self.owned.is_some())
-            .field("status", &self.status)
+            .field("record", &self.record)
             .finish()
     }
 }
@@ -181,6 +232,119 @@ impl<K: Resource> Resource for Compact<K> {
 
     fn meta_mut(&mut self) -> &mut ObjectMeta {
         &mut self.metadata
+    }
+}
+
+/// Where an object is cached: `namespace/name`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Key(Box<str>);
+
+impl Key {
+    pub fn new(namespace: &str, name: &str) -> Self {
+        Key(format!("{namespace}/{name}").into())
+    }
+
+    fn of(metadata: &ObjectMeta) -> Self {
+        Key::new(
+            metadata.namespace.as_deref().unwrap_or_default(),
+            metadata.name.as_deref().unwrap_or_default(),
+        )
+    }
+}
+
+/// A cache of [`Record`]s of one kind, filled by a watch of [`Compact`] objects (see
+/// [`crate::cache::cached_records`]); cheap to clone, every clone reads the same cache.
+#[derive(Clone)]
+pub struct Records {
+    objects: Arc<RwLock<HashMap<Key, Record>>>,
+    listed: Arc<watch::Sender<bool>>,
+    /// The objects of a (re)list so far: they replace the cache at its end, as in kube's store.
+    listing: Arc<RwLock<Option<HashMap<Key, Record>>>>,
+}
+
+impl Default for Records {
+    fn default() -> Self {
+        Records {
+            objects: Arc::default(),
+            listed: Arc::new(watch::Sender::new(false)),
+            listing: Arc::default(),
+        }
+    }
+}
+
+impl Records {
+    /// The record of `namespace/name`, if cached.
+    pub fn get(&self, namespace: &str, name: &str) -> Option<Record> {
+        let objects = self.objects.read().expect("the cache lock is never poisoned");
+        objects.get(&Key::new(namespace, name)).cloned()
+    }
+
+    pub fn len(&self) -> usize {
+        self.objects.read().expect("the cache lock is never poisoned").len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Replaces what the cache holds with `objects`, as a watch's (re)list does.
+    pub fn fill<K>(&self, objects: impl IntoIterator<Item = Compact<K>>) {
+        self.write::<K>(&watcher::Event::Init);
+        for object in objects {
+            self.write(&watcher::Event::InitApply(object));
+        }
+        self.write::<K>(&watcher::Event::InitDone);
+    }
+
+    fn write<K>(&self, event: &watcher::Event<Compact<K>>) {
+        fn lock<T>(map: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+            map.write().expect("the cache lock is never poisoned")
+        }
+        match event {
+            watcher::Event::Apply(object) => {
+                lock(&self.objects).insert(Key::of(&object.metadata), object.record.clone());
+            }
+            watcher::Event::Delete(object) => {
+                lock(&self.objects).remove(&Key::of(&object.metadata));
+            }
+            watcher::Event::Init => *lock(&self.listing) = Some(HashMap::new()),
+            watcher::Event::InitApply(object) => {
+                if let Some(listing) = lock(&self.listing).as_mut() {
+                    listing.insert(Key::of(&object.metadata), object.record.clone());
+                }
+            }
+            watcher::Event::InitDone => {
+                if let Some(mut listed) = lock(&self.listing).take() {
+                    listed.shrink_to_fit();
+                    *lock(&self.objects) = listed;
+                }
+                self.listed.send_replace(true);
+            }
+        }
+    }
+}
+
+impl<K: Send + 'static> Writes<Compact<K>> for Records {
+    fn write(&mut self, event: &watcher::Event<Compact<K>>) {
+        Records::write(self, event);
+    }
+}
+
+impl Versions for Records {
+    type Key = Key;
+
+    fn version(&self, key: &Key) -> Option<String> {
+        let objects = self.objects.read().expect("the cache lock is never poisoned");
+        objects.get(key).map(|record| record.version.to_string())
+    }
+}
+
+impl StoreReady for Records {
+    fn listed(&self) -> futures::future::BoxFuture<'static, ()> {
+        let mut listed = self.listed.subscribe();
+        Box::pin(async move {
+            let _ = listed.wait_for(|listed| *listed).await;
+        })
     }
 }
 
@@ -232,7 +396,7 @@ mod tests {
         d.metadata.labels = Some([("app".to_string(), "a".to_string())].into());
         d.metadata.annotations = Some(
             [
-                (crate::apply::APPLIED_HASH_ANNOTATION, "h1"),
+                (crate::apply::APPLIED_HASH_ANNOTATION, "0123456789abcdef"),
                 ("deployment.kubernetes.io/revision", "4"),
             ]
             .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -248,35 +412,100 @@ mod tests {
             ..OwnerReference::default()
         };
         d.metadata.owner_references = Some(vec![owner("other", false), owner("lb", true)]);
+        d.metadata.resource_version = Some("17".into());
         let compact = Compact::of(&d);
         assert_eq!(compact.metadata.name.as_deref(), Some("a"));
         assert_eq!(compact.metadata.managed_fields, None);
         assert_eq!(compact.metadata.labels, None, "labels are not read");
         assert_eq!(compact.metadata.uid, None, "nor is the uid");
         assert_eq!(
-            compact.metadata.annotations,
-            Some(
-                [(
-                    crate::apply::APPLIED_HASH_ANNOTATION.to_string(),
-                    "h1".to_string()
-                )]
-                .into()
-            ),
-            "the applied hash is the only annotation read"
+            compact.metadata.annotations, None,
+            "the applied hash is read into the record; no annotation is kept"
         );
         assert_eq!(
             compact.metadata.owner_references,
             Some(vec![owner("lb", true)]),
             "the controller routes a change to its CdnCluster"
         );
-        let owned = compact.owned.as_ref().expect("the operator's apply entry");
+        let record = &compact.record;
+        assert_eq!(&*record.version, "17");
+        assert_eq!(record.generation, Some(3));
+        assert!(record.applied_hash_is("0123456789abcdef"));
+        assert!(!record.applied_hash_is("0123456789abcdee"));
+        let owned = record.owned.as_ref().expect("the operator's apply entry");
         assert!(owned.covers(&json!({"spec": {"replicas": 1}})));
         assert!(!owned.covers(&json!({"spec": {"paused": true}})));
 
-        let typed = compact.typed().unwrap();
+        let typed: Deployment = record.typed("a").unwrap();
         assert_eq!(typed.status.unwrap().ready_replicas, Some(2));
         assert_eq!(typed.metadata.generation, Some(3));
+        assert_eq!(typed.metadata.name.as_deref(), Some("a"));
         assert_eq!(typed.spec, None, "the spec is not kept");
+    }
+
+    #[test]
+    fn the_applied_hash_is_kept_when_it_is_one_the_operator_writes() {
+        let with = |hash: &str| {
+            let mut d = Deployment::default();
+            d.metadata.annotations = Some(
+                [(crate::apply::APPLIED_HASH_ANNOTATION.to_string(), hash.to_string())].into(),
+            );
+            Compact::of(&d).record
+        };
+        let hash = crate::apply::hash(&json!({"a": 1}));
+        assert!(with(&hash).applied_hash_is(&hash));
+        assert!(!with(&hash).applied_hash_is(&crate::apply::hash(&json!({"a": 2}))));
+        assert!(!with(&hash.to_uppercase()).applied_hash_is(&hash));
+        assert!(!with(&format!("+{}", &hash[1..])).applied_hash_is(&hash));
+        assert!(!Compact::of(&Deployment::default()).record.applied_hash_is(&hash));
+    }
+
+    #[test]
+    fn a_status_without_rollout_counts_costs_nothing() {
+        let mut s = k8s_openapi::api::core::v1::Service::default();
+        s.status = Some(Default::default());
+        assert_eq!(Compact::of(&s).record.rollout, None);
+    }
+
+    fn named(namespace: &str, name: &str, version: &str) -> Compact<Deployment> {
+        let mut d = Deployment::default();
+        d.metadata.name = Some(name.into());
+        d.metadata.namespace = Some(namespace.into());
+        d.metadata.resource_version = Some(version.into());
+        Compact::of(&d)
+    }
+
+    #[tokio::test]
+    async fn records_follow_the_watch_and_a_relist_replaces_them_at_its_end() {
+        let mut records = Records::default();
+        let listed = records.listed();
+        let write = |records: &mut Records, event| Writes::write(records, &event);
+        write(&mut records, watcher::Event::Init);
+        write(&mut records, watcher::Event::InitApply(named("n", "a", "1")));
+        assert!(records.is_empty(), "a list shows once it is complete");
+        write(&mut records, watcher::Event::InitDone);
+        tokio::time::timeout(std::time::Duration::from_secs(1), listed)
+            .await
+            .expect("listed once the first list is done");
+        assert_eq!(records.version(&Key::new("n", "a")).as_deref(), Some("1"));
+        assert_eq!(records.get("n", "a").map(|r| r.version), Some("1".into()));
+        assert_eq!(records.get("m", "a"), None, "keyed by namespace too");
+
+        write(&mut records, watcher::Event::Apply(named("n", "b", "2")));
+        write(&mut records, watcher::Event::Apply(named("n", "a", "3")));
+        assert_eq!(records.version(&Key::new("n", "a")).as_deref(), Some("3"));
+        write(&mut records, watcher::Event::Delete(named("n", "b", "4")));
+        assert_eq!(records.get("n", "b"), None);
+
+        // A re-list: the old records stay until it ends; then only the listed ones remain.
+        write(&mut records, watcher::Event::Init);
+        write(&mut records, watcher::Event::InitApply(named("n", "c", "5")));
+        assert_eq!(records.len(), 1);
+        assert!(records.get("n", "a").is_some());
+        write(&mut records, watcher::Event::InitDone);
+        assert_eq!(records.get("n", "a"), None, "deleted while the watch was away");
+        assert_eq!(records.version(&Key::new("n", "c")).as_deref(), Some("5"));
+        assert_eq!(records.len(), 1);
     }
 
     #[test]
@@ -290,7 +519,7 @@ mod tests {
         let shape = json!({"f:spec": {"f:replicas": {}}});
         let (a, b) = (child("a", shape.clone()), child("b", shape));
         let c = child("c", json!({"f:spec": {"f:paused": {}}}));
-        let owned = |c: &Compact<Deployment>| c.owned.clone().unwrap();
+        let owned = |c: &Compact<Deployment>| c.record.owned.clone().unwrap();
         assert!(std::ptr::eq(&*owned(&a), &*owned(&b)), "one copy");
         assert!(!std::ptr::eq(&*owned(&a), &*owned(&c)));
     }
@@ -299,6 +528,6 @@ mod tests {
     fn an_object_the_operator_never_applied_owns_nothing() {
         let mut d = Deployment::default();
         d.metadata.managed_fields = Some(vec![entry("kubectl", None, json!({"f:spec": {}}))]);
-        assert!(Compact::of(&d).owned.is_none());
+        assert!(Compact::of(&d).record.owned.is_none());
     }
 }

@@ -9,8 +9,8 @@ pub mod status;
 
 use crate::api::CdnCluster;
 use crate::apply;
-use crate::cache::{self, CachesReady, Relists, Scope};
-use crate::compact::Compact;
+use crate::cache::{self, CachesReady, Relists, Scope, Versions};
+use crate::compact::{Compact, Key, Record, Records};
 use crate::events::Events;
 use crate::reconcile::{self, Error, Leadership, Shared};
 use crate::restricted::RunAs;
@@ -30,7 +30,6 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use status::{ChildChange, Observed};
 use std::fmt::Debug;
-use std::hash::Hash;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -43,10 +42,10 @@ pub const CONTROLLER: &str = "cdncluster";
 pub struct Context {
     pub shared: Shared,
     pub clusters: Store<CdnCluster>,
-    /// Children are cached compact (see [`Compact`]): they are only compared and read for status.
-    pub deployments: Store<Compact<Deployment>>,
-    pub config_maps: Store<Compact<ConfigMap>>,
-    pub services: Store<Compact<Service>>,
+    /// Children are cached as [`Records`]: they are only compared and read for status.
+    pub deployments: Records,
+    pub config_maps: Records,
+    pub services: Records,
     /// How long a reconcile waits for its writes to reach the caches; zero where no watch fills
     /// them (tests that fill the caches by hand).
     pub writes_visible_within: Duration,
@@ -72,23 +71,20 @@ pub fn controller(
 ) -> (Arc<Context>, Controller<CdnCluster>) {
     let children = watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}"));
     let relists = Relists::default();
-    let (deployments, deployment_events) = cache::cached(
+    let (deployments, deployment_events) = cache::cached_records(
         scope.api::<Compact<Deployment>>(client.clone()),
         children.clone(),
         &relists,
-        |_, _| {},
     );
-    let (config_maps, config_map_events) = cache::cached(
+    let (config_maps, config_map_events) = cache::cached_records(
         scope.api::<Compact<ConfigMap>>(client.clone()),
         children.clone(),
         &relists,
-        |_, _| {},
     );
-    let (services, service_events) = cache::cached(
+    let (services, service_events) = cache::cached_records(
         scope.api::<Compact<Service>>(client.clone()),
         children,
         &relists,
-        |_, _| {},
     );
 
     let (parents_tx, parents_rx) = mpsc::unbounded_channel();
@@ -227,18 +223,15 @@ impl Written {
         }
     }
 
-    /// Notes a write of `key`, cached in `store` at version `before`, answered with `after`.
-    fn wrote<K>(
+    /// Notes a write of `key`, cached in `cache` at version `before`, answered with `after`.
+    fn wrote<C: Versions>(
         &mut self,
-        store: &Store<K>,
-        key: ObjectRef<K>,
+        cache: &C,
+        key: C::Key,
         before: Option<String>,
         after: Option<String>,
-    ) where
-        K: Resource + Clone + Send + Sync + 'static,
-        K::DynamicType: Eq + Hash + Clone + Send + Sync,
-    {
-        let (store, within) = (store.clone(), self.within);
+    ) {
+        let (store, within) = (cache.clone(), self.within);
         self.visible.push(
             async move { cache::until_visible(&store, &key, before, after, within).await }.boxed(),
         );
@@ -267,9 +260,10 @@ async fn apply_children(
     } = children;
     apply_child(ctx, namespace, &ctx.config_maps, config_map, written).await?;
     apply_child(ctx, namespace, &ctx.services, service, written).await?;
+    let name = deployment.name_any();
     let (observed, applied) =
         apply_child(ctx, namespace, &ctx.deployments, deployment, written).await?;
-    Ok(applied.or_else(|| observed.and_then(|d| d.typed().ok())))
+    Ok(applied.or_else(|| observed.and_then(|d| d.typed(&name).ok())))
 }
 
 /// Applies one child if needed and records the change. Returns its cached copy and, if a request
@@ -277,10 +271,10 @@ async fn apply_children(
 async fn apply_child<K>(
     ctx: &Context,
     namespace: &str,
-    cache: &Store<Compact<K>>,
+    cache: &Records,
     desired: K,
     written: &mut Written,
-) -> Result<(Option<Arc<Compact<K>>>, Option<K>), Error>
+) -> Result<(Option<Record>, Option<K>), Error>
 where
     K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
         + Clone
@@ -290,10 +284,9 @@ where
 {
     let name = desired.name_any();
     let kind = K::kind(&());
-    let key = ObjectRef::new(&name).within(namespace);
-    let observed = cache.get(&key);
+    let observed = cache.get(namespace, &name);
     let api: Api<K> = Api::namespaced(ctx.shared.client.clone(), namespace);
-    let applied = apply::apply(&api, desired, observed.as_deref())
+    let applied = apply::apply(&api, desired, observed.as_ref())
         .await
         .map_err(|source| Error::ApplyChild {
             kind: kind.to_string(),
@@ -307,8 +300,8 @@ where
         child: applied.object_ref(&()),
         change,
     });
-    let before = observed.as_ref().and_then(|o| o.resource_version());
-    written.wrote(cache, key, before, applied.resource_version());
+    let before = observed.as_ref().map(|o| o.version.to_string());
+    written.wrote(cache, Key::new(namespace, &name), before, applied.resource_version());
     Ok((observed, Some(applied)))
 }
 

@@ -11,6 +11,9 @@ use cdn_operator::api::CdnCluster;
 use cdn_operator::at::Clock;
 use cdn_operator::cache::CachesReady;
 use cdn_operator::cdncluster::Context;
+use cdn_operator::compact::{Compact, Records};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use cdn_operator::events::Events;
 use cdn_operator::reconcile::Shared;
 use http_body_util::BodyExt;
@@ -299,14 +302,28 @@ impl FakeApi {
         reader
     }
 
+    /// A compact cache of every `K` of every namespace, as the controller's watch fills it.
+    pub async fn records<K>(&self) -> Records
+    where
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+            + Send
+            + Sync
+            + 'static,
+    {
+        let api: Api<Compact<K>> = Api::all(self.client.clone());
+        let records = Records::default();
+        records.fill(api.list(&ListParams::default()).await.expect("list").items);
+        records
+    }
+
     /// The controller's context, caches as fresh as the watches would make them.
     pub async fn context(&self, events: Events) -> Arc<Context> {
         Arc::new(Context {
             shared: Shared::new(self.client.clone(), events, CachesReady::already()),
             clusters: self.store().await,
-            deployments: self.store().await,
-            config_maps: self.store().await,
-            services: self.store().await,
+            deployments: self.records::<Deployment>().await,
+            config_maps: self.records::<ConfigMap>().await,
+            services: self.records::<Service>().await,
             // The caches are filled by hand before each reconcile: no watch to wait for.
             writes_visible_within: std::time::Duration::ZERO,
         })
