@@ -1,10 +1,10 @@
 //! The controllers' caches: the watch scope, cached watches, when the caches have listed, and
 //! waiting for a write to reach them. Domain-free.
 
+use crate::compact::{Compact, Records};
 use futures::{Stream, StreamExt};
 use kube::api::Api;
 use kube::runtime::reflector::{self, Store};
-use crate::compact::{Compact, Records};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
@@ -32,7 +32,8 @@ where
     type Key = reflector::ObjectRef<K>;
 
     fn version(&self, key: &Self::Key) -> Option<String> {
-        self.get(key).map(|cached| cached.resource_version().unwrap_or_default())
+        self.get(key)
+            .map(|cached| cached.resource_version().unwrap_or_default())
     }
 }
 

@@ -154,7 +154,11 @@ impl<'de, K> Deserialize<'de> for Compact<K> {
             .filter(|r| *r != Rollout::default())
             .map(Box::new);
         let record = Record {
-            version: metadata.resource_version.as_deref().unwrap_or_default().into(),
+            version: metadata
+                .resource_version
+                .as_deref()
+                .unwrap_or_default()
+                .into(),
             generation: metadata.generation,
             applied_hash: metadata
                 .annotations
@@ -275,12 +279,18 @@ impl Default for Records {
 impl Records {
     /// The record of `namespace/name`, if cached.
     pub fn get(&self, namespace: &str, name: &str) -> Option<Record> {
-        let objects = self.objects.read().expect("the cache lock is never poisoned");
+        let objects = self
+            .objects
+            .read()
+            .expect("the cache lock is never poisoned");
         objects.get(&Key::new(namespace, name)).cloned()
     }
 
     pub fn len(&self) -> usize {
-        self.objects.read().expect("the cache lock is never poisoned").len()
+        self.objects
+            .read()
+            .expect("the cache lock is never poisoned")
+            .len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -334,7 +344,10 @@ impl Versions for Records {
     type Key = Key;
 
     fn version(&self, key: &Key) -> Option<String> {
-        let objects = self.objects.read().expect("the cache lock is never poisoned");
+        let objects = self
+            .objects
+            .read()
+            .expect("the cache lock is never poisoned");
         objects.get(key).map(|record| record.version.to_string())
     }
 }
@@ -448,7 +461,11 @@ mod tests {
         let with = |hash: &str| {
             let mut d = Deployment::default();
             d.metadata.annotations = Some(
-                [(crate::apply::APPLIED_HASH_ANNOTATION.to_string(), hash.to_string())].into(),
+                [(
+                    crate::apply::APPLIED_HASH_ANNOTATION.to_string(),
+                    hash.to_string(),
+                )]
+                .into(),
             );
             Compact::of(&d).record
         };
@@ -457,7 +474,9 @@ mod tests {
         assert!(!with(&hash).applied_hash_is(&crate::apply::hash(&json!({"a": 2}))));
         assert!(!with(&hash.to_uppercase()).applied_hash_is(&hash));
         assert!(!with(&format!("+{}", &hash[1..])).applied_hash_is(&hash));
-        assert!(!Compact::of(&Deployment::default()).record.applied_hash_is(&hash));
+        assert!(!Compact::of(&Deployment::default())
+            .record
+            .applied_hash_is(&hash));
     }
 
     #[test]
@@ -481,7 +500,10 @@ mod tests {
         let listed = records.listed();
         let write = |records: &mut Records, event| Writes::write(records, &event);
         write(&mut records, watcher::Event::Init);
-        write(&mut records, watcher::Event::InitApply(named("n", "a", "1")));
+        write(
+            &mut records,
+            watcher::Event::InitApply(named("n", "a", "1")),
+        );
         assert!(records.is_empty(), "a list shows once it is complete");
         write(&mut records, watcher::Event::InitDone);
         tokio::time::timeout(std::time::Duration::from_secs(1), listed)
@@ -499,11 +521,18 @@ mod tests {
 
         // A re-list: the old records stay until it ends; then only the listed ones remain.
         write(&mut records, watcher::Event::Init);
-        write(&mut records, watcher::Event::InitApply(named("n", "c", "5")));
+        write(
+            &mut records,
+            watcher::Event::InitApply(named("n", "c", "5")),
+        );
         assert_eq!(records.len(), 1);
         assert!(records.get("n", "a").is_some());
         write(&mut records, watcher::Event::InitDone);
-        assert_eq!(records.get("n", "a"), None, "deleted while the watch was away");
+        assert_eq!(
+            records.get("n", "a"),
+            None,
+            "deleted while the watch was away"
+        );
         assert_eq!(records.version(&Key::new("n", "c")).as_deref(), Some("5"));
         assert_eq!(records.len(), 1);
     }

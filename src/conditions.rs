@@ -1,6 +1,7 @@
 //! kstatus-style conditions, shared by every controller.
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use crate::api::Condition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ConditionStatus {
@@ -35,10 +36,10 @@ pub fn set_condition(
         _ => now.clone(),
     };
     let condition = Condition {
-        type_: type_.to_string(),
-        status: status.to_string(),
-        reason: reason.to_string(),
-        message,
+        type_: type_.into(),
+        status: status.into(),
+        reason: reason.into(),
+        message: message.into(),
         observed_generation,
         last_transition_time,
     };

@@ -232,7 +232,7 @@ fn ready_reason(at: &At) -> String {
     cdn_operator::conditions::find(conditions, status::READY)
         .unwrap()
         .reason
-        .clone()
+        .to_string()
 }
 
 /// Runs `name` (schedule in the past) to RUNNING with its pod created and the caches synced.

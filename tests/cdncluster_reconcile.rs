@@ -628,7 +628,11 @@ async fn condition(c: &Cluster, name: &str, type_: &str) -> (String, String, Str
         .into_iter()
         .find(|x| x.type_ == type_)
         .expect("the condition");
-    (found.status, found.reason, found.message)
+    (
+        found.status.into(),
+        found.reason.into(),
+        found.message.into(),
+    )
 }
 
 #[tokio::test]

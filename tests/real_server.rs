@@ -59,7 +59,10 @@ fn change<K>(mut desired: K, observed: &str) -> Option<Change>
 where
     K: kube::Resource + serde::Serialize + DeserializeOwned,
 {
-    apply::change(&mut desired, Some(&Compact::of(&typed::<K>(observed)).record))
+    apply::change(
+        &mut desired,
+        Some(&Compact::of(&typed::<K>(observed)).record),
+    )
 }
 
 #[test]

@@ -305,7 +305,7 @@ async fn condition(env: &Env, name: &str, type_: &str) -> Option<(String, String
         .conditions
         .into_iter()
         .find(|c| c.type_ == type_)?;
-    Some((c.status, c.reason, c.message))
+    Some((c.status.into(), c.reason.into(), c.message.into()))
 }
 
 #[tokio::test]

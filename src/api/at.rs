@@ -1,6 +1,7 @@
 //! `cnat.programming-kubernetes.info/v1alpha1` At: run a command once, at a given time.
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use super::Condition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};

@@ -1,7 +1,7 @@
 //! `cluster.anevia.com/v1` CdnCluster: a cluster of identically configured nginx instances.
 
+use super::Condition;
 use k8s_openapi::api::core::v1::ResourceRequirements;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};

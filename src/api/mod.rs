@@ -2,12 +2,14 @@
 
 pub mod at;
 pub mod cdncluster;
+mod condition;
 
 pub use at::{At, AtSpec, AtStatus, Outcome, Phase, AT_MAX_NAME_LEN};
 pub use cdncluster::{
     CacheSpec, CdnCluster, CdnClusterSpec, CdnClusterStatus, Origin, Role, ServiceOrigin, Source,
     State, MAX_NAME_LEN,
 };
+pub use condition::{Condition, Text};
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;

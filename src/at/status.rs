@@ -311,7 +311,7 @@ fn ended(pod: &Pod, name: &str) -> Option<End> {
 /// nothing changed.
 pub fn notices(at: &At, previous: &AtStatus, next: &AtStatus) -> Vec<Notice> {
     let mut out = Vec::new();
-    let mut push = |warning, reason, message| {
+    let mut push = |warning, reason, message: String| {
         out.push(if warning {
             Notice::warning(reason, message)
         } else {
@@ -319,7 +319,10 @@ pub fn notices(at: &At, previous: &AtStatus, next: &AtStatus) -> Vec<Notice> {
         })
     };
     let key = |s: &AtStatus, t: &str| {
-        find(&s.conditions, t).map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+        find(&s.conditions, t).map(|c| {
+            let text = |t: &crate::api::Text| t.to_string();
+            (text(&c.status), text(&c.reason), text(&c.message))
+        })
     };
 
     if let Some((status, _, message)) = key(next, SCHEDULED) {
@@ -437,7 +440,10 @@ mod tests {
     }
 
     fn ready_reason(plan: &Plan) -> String {
-        find(&plan.status.conditions, READY).unwrap().reason.clone()
+        find(&plan.status.conditions, READY)
+            .unwrap()
+            .reason
+            .to_string()
     }
 
     #[test]

@@ -301,7 +301,12 @@ where
         change,
     });
     let before = observed.as_ref().map(|o| o.version.to_string());
-    written.wrote(cache, Key::new(namespace, &name), before, applied.resource_version());
+    written.wrote(
+        cache,
+        Key::new(namespace, &name),
+        before,
+        applied.resource_version(),
+    );
     Ok((observed, Some(applied)))
 }
 

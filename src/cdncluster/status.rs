@@ -258,7 +258,8 @@ pub fn notices(
             {
                 // Events are folded by reason and objects, not by message: naming the missing
                 // source keeps "cache-vod not found" apart from an earlier "cache-live not found".
-                let notice = Notice::normal("SourceNotFound", msg.unwrap_or_default());
+                let notice =
+                    Notice::normal("SourceNotFound", msg.map(String::from).unwrap_or_default());
                 out.push(match observed {
                     Observed::Problem(Problem::Missing(names)) => {
                         notice.about(cluster_reference(&names[0], namespace.clone()))
@@ -270,13 +271,17 @@ pub fn notices(
         (Some(State::Invalid), _) => {
             let msg = after(STALLED).map(|c| c.message.clone());
             if before(STALLED).map(|c| c.message.clone()) != msg || previous.state != next.state {
-                out.push(Notice::warning("InvalidSpec", msg.unwrap_or_default()));
+                out.push(Notice::warning(
+                    "InvalidSpec",
+                    msg.map(String::from).unwrap_or_default(),
+                ));
             }
         }
         (Some(State::Error), Observed::Refused(refusal)) => {
             let msg = after(READY).map(|c| c.message.clone());
             if before(READY).map(|c| c.message.clone()) != msg || previous.state != next.state {
-                let notice = Notice::warning("ApplyFailed", msg.unwrap_or_default());
+                let notice =
+                    Notice::warning("ApplyFailed", msg.map(String::from).unwrap_or_default());
                 out.push(notice.about(refusal.child.clone()));
             }
         }
@@ -295,7 +300,9 @@ pub fn notices(
             if previous.state == Some(State::Running)
                 && previous.observed_generation == next.observed_generation =>
         {
-            let message = after(READY).map(|c| c.message.clone()).unwrap_or_default();
+            let message = after(READY)
+                .map(|c| c.message.to_string())
+                .unwrap_or_default();
             out.push(Notice::warning("ReplicasUnavailable", message))
         }
         _ => {}

@@ -381,7 +381,9 @@ where
         state,
         crate::api::State::Invalid | crate::api::State::WaitingSource | crate::api::State::Error
     )
-    .then(|| crate::conditions::find(&status.conditions, status::READY).map(|c| c.message.clone()))
+    .then(|| {
+        crate::conditions::find(&status.conditions, status::READY).map(|c| c.message.to_string())
+    })
     .flatten();
     (text, message)
 }
