@@ -1,9 +1,18 @@
 //! Kubernetes Events: what a controller's pure status step decides to tell, and publishing it.
 //! Domain-free.
 
+use jiff::Timestamp;
 use k8s_openapi::api::core::v1::ObjectReference;
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::runtime::events::Reporter;
 use kube::{Client, Resource};
+use serde_json::json;
+use std::collections::HashMap;
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 /// An Event to publish about an object, decided by a controller's pure status step.
 #[derive(Clone, Debug, PartialEq)]
@@ -45,10 +54,51 @@ impl Notice {
 /// The reporting controller of every Event the operator publishes (`kubectl get events` SOURCE).
 pub const EVENT_REPORTER: &str = "cdn-operator";
 
-/// Publishes Events for objects of one controller.
+/// How long a repeat of an Event counts in its series instead of making a new one (kube's
+/// Recorder and client-go use six minutes too).
+const SERIES_WINDOW: Duration = Duration::from_secs(6 * 60);
+
+/// Publishes Events as kube's `Recorder` does: events.k8s.io/v1 Events named
+/// `<object>.<nanoseconds in hex>`, and a repeat within [`SERIES_WINDOW`] counted in the first
+/// one's series (a merge patch). What it remembers of each Event is its key's hash, name and
+/// count. Why not kube's: it keeps every Event whole for six minutes and scans them all on each
+/// publish; creating 10,000 CdnClusters (an Event each) cost tens of MiB and CPU quadratic in
+/// the number of objects.
 #[derive(Clone)]
 pub struct Events {
-    recorder: Recorder,
+    client: Client,
+    reporter: Reporter,
+    published: Arc<Mutex<Published>>,
+}
+
+/// What was published within the window, by the hash of what makes a repeat.
+#[derive(Default)]
+struct Published {
+    series: HashMap<u64, Series>,
+    pruned: Option<Instant>,
+}
+
+struct Series {
+    name: Box<str>,
+    count: i32,
+    last: Instant,
+}
+
+impl Published {
+    /// Forgets the series that ended more than a window ago; at most once a minute, so a
+    /// publish costs the same with 10 or 10,000 objects.
+    fn prune(&mut self, now: Instant) {
+        if self
+            .pruned
+            .is_some_and(|at| now.duration_since(at) < Duration::from_secs(60))
+        {
+            return;
+        }
+        self.series
+            .retain(|_, s| now.duration_since(s.last) < SERIES_WINDOW);
+        self.series.shrink_to_fit();
+        self.pruned = Some(now);
+    }
 }
 
 impl Events {
@@ -58,7 +108,9 @@ impl Events {
             instance,
         };
         Events {
-            recorder: Recorder::new(client, reporter),
+            client,
+            reporter,
+            published: Arc::default(),
         }
     }
 
@@ -68,19 +120,97 @@ impl Events {
     where
         K: Resource<DynamicType = ()>,
     {
-        let event = Event {
-            type_: if notice.warning {
-                EventType::Warning
-            } else {
-                EventType::Normal
-            },
-            reason: notice.reason.into(),
-            note: Some(notice.message),
-            action: "Reconcile".into(),
-            secondary: notice.related,
+        let reason = notice.reason;
+        if let Err(error) = self.send(&obj.object_ref(&()), notice).await {
+            tracing::warn!(%error, reason, "could not publish an Event");
+        }
+    }
+
+    async fn send(&self, regarding: &ObjectReference, notice: Notice) -> kube::Result<()> {
+        let namespace = regarding.namespace.as_deref().unwrap_or("default");
+        let api: Api<Event> = Api::namespaced(self.client.clone(), namespace);
+        let key = self.key(regarding, &notice);
+        let now = Instant::now();
+        let repeat = {
+            let mut published = self.published.lock().expect("never poisoned");
+            published.prune(now);
+            published
+                .series
+                .get(&key)
+                .filter(|s| now.duration_since(s.last) < SERIES_WINDOW)
+                .map(|s| (s.name.clone(), s.count + 1))
         };
-        if let Err(error) = self.recorder.publish(&event, &obj.object_ref(&())).await {
-            tracing::warn!(%error, reason = notice.reason, "could not publish an Event");
+        let name = match repeat {
+            Some((name, count)) => {
+                let patch = json!({
+                    "reason": notice.reason,
+                    "series": {"count": count, "lastObservedTime": MicroTime(Timestamp::now())},
+                });
+                api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await?;
+                name
+            }
+            None => {
+                let event = self.event(regarding, notice);
+                let name = event.metadata.name.clone().unwrap_or_default();
+                api.create(&PostParams::default(), &event).await?;
+                name.into()
+            }
+        };
+        let mut published = self.published.lock().expect("never poisoned");
+        let series = published.series.entry(key).or_insert(Series {
+            name,
+            count: 0,
+            last: now,
+        });
+        series.count += 1;
+        series.last = now;
+        Ok(())
+    }
+
+    /// What makes a repeat: the same kind, reason and note about the same objects.
+    fn key(&self, regarding: &ObjectReference, notice: &Notice) -> u64 {
+        let mut hasher = DefaultHasher::new();
+        let reference = |r: &ObjectReference, hasher: &mut DefaultHasher| {
+            (&r.api_version, &r.kind, &r.namespace, &r.name, &r.uid).hash(hasher)
+        };
+        reference(regarding, &mut hasher);
+        if let Some(related) = &notice.related {
+            reference(related, &mut hasher);
+        }
+        (notice.warning, notice.reason, &notice.message).hash(&mut hasher);
+        hasher.finish()
+    }
+
+    /// The Event kube's `Recorder` would create.
+    fn event(&self, regarding: &ObjectReference, notice: Notice) -> Event {
+        let now = Timestamp::now();
+        let controller = &self.reporter.controller;
+        Event {
+            action: Some("Reconcile".into()),
+            reason: Some(notice.reason.into()),
+            event_time: Some(MicroTime(now)),
+            regarding: Some(regarding.clone()),
+            note: Some(notice.message),
+            metadata: ObjectMeta {
+                namespace: regarding.namespace.clone(),
+                name: Some(format!(
+                    "{}.{:x}",
+                    regarding.name.as_ref().unwrap_or(controller),
+                    now.as_nanosecond()
+                )),
+                ..ObjectMeta::default()
+            },
+            reporting_controller: Some(controller.clone()),
+            reporting_instance: Some(
+                self.reporter
+                    .instance
+                    .clone()
+                    .unwrap_or_else(|| controller.clone()),
+            ),
+            type_: Some(if notice.warning { "Warning" } else { "Normal" }.into()),
+            related: notice.related,
+            ..Event::default()
         }
     }
 }

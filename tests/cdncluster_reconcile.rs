@@ -7,7 +7,7 @@
 use cdn_operator::api::{CdnCluster, CdnClusterSpec, Role, Source, State};
 use cdn_operator::cdncluster::parents::Parents;
 use cdn_operator::cdncluster::{self, build, Context};
-use cdn_operator::events::Events;
+use cdn_operator::events::{Events, Notice};
 use cdn_operator::reconcile::{self, Leadership};
 use cdn_operator::runtime::instrument::Reconciles;
 use cdn_operator::runtime::metrics::Metrics;
@@ -826,4 +826,57 @@ async fn a_pool_waits_for_every_member_then_deploys_one_hashed_upstream() {
             .unwrap()["nginx.conf"],
         conf
     );
+}
+
+/// Events are published as kube's Recorder publishes them: a new Event for a new notice, a repeat
+/// within the window counted in the first one's series, and a different note a new Event.
+#[tokio::test]
+async fn a_repeated_event_counts_in_its_series_and_another_note_is_a_new_event() {
+    let c = Cluster::new().await;
+    let mut cluster = CdnCluster::new("lb", CdnClusterSpec::new(Role::Balancer, vec![]));
+    cluster.metadata.namespace = Some("default".into());
+    cluster.metadata.uid = Some("uid-lb".into());
+    let missing = |name: &str| Notice::normal("SourceNotFound", format!("{name} not found"));
+    c.events.publish(&cluster, missing("a")).await;
+    c.events.publish(&cluster, missing("a")).await;
+    c.events.publish(&cluster, missing("b")).await;
+
+    let events: Vec<Event> = c
+        .api::<Event>()
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items;
+    let mut seen: Vec<(String, Option<i32>)> = events
+        .iter()
+        .map(|e| (e.note.clone().unwrap(), e.series.as_ref().map(|s| s.count)))
+        .collect();
+    seen.sort();
+    assert_eq!(
+        seen,
+        [
+            ("a not found".to_string(), Some(2)),
+            ("b not found".to_string(), None)
+        ]
+    );
+    let a = events
+        .iter()
+        .find(|e| e.note.as_deref() == Some("a not found"))
+        .unwrap();
+    assert_eq!(a.reason.as_deref(), Some("SourceNotFound"));
+    assert_eq!(a.action.as_deref(), Some("Reconcile"));
+    assert_eq!(a.type_.as_deref(), Some("Normal"));
+    assert_eq!(a.reporting_controller.as_deref(), Some("cdn-operator"));
+    assert_eq!(a.reporting_instance.as_deref(), Some("test"));
+    let regarding = a.regarding.as_ref().unwrap();
+    assert_eq!(
+        (
+            regarding.kind.as_deref(),
+            regarding.name.as_deref(),
+            regarding.uid.as_deref()
+        ),
+        (Some("CdnCluster"), Some("lb"), Some("uid-lb"))
+    );
+    assert!(a.metadata.name.as_deref().unwrap().starts_with("lb."));
+    assert!(a.event_time.is_some());
 }

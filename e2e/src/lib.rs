@@ -372,9 +372,9 @@ impl Env {
             .collect()
     }
 
-    /// How many times the operator reported `reason` about `name`: kube's Recorder folds a
-    /// repeated Event (same type, reason, action, object and related object; the note is not
-    /// compared) into one Event with `series.count`.
+    /// How many times the operator reported `reason` about `name`: the operator folds a
+    /// repeated Event (same type, reason, note, object and related object, within six minutes)
+    /// into one Event with `series.count`.
     pub async fn event_count(&self, name: &str, reason: &str) -> i32 {
         self.operator_events()
             .await
