@@ -481,8 +481,10 @@ mod tests {
 
     #[test]
     fn a_status_without_rollout_counts_costs_nothing() {
-        let mut s = k8s_openapi::api::core::v1::Service::default();
-        s.status = Some(Default::default());
+        let s = k8s_openapi::api::core::v1::Service {
+            status: Some(Default::default()),
+            ..Default::default()
+        };
         assert_eq!(Compact::of(&s).record.rollout, None);
     }
 
