@@ -224,13 +224,14 @@ fn fill_records<K>(n: usize, make: impl Fn(usize) -> Compact<K>) -> (Records, u6
 where
     K: Resource<DynamicType = ()> + Send + 'static,
 {
-    let mut records = Records::default();
+    let records = Records::default();
+    let mut writer = records.writer();
     let before = rss_kib();
     let mut bytes = 0;
     for i in 0..n {
         let obj = make(i);
         bytes += serde_json::to_vec(&obj).unwrap().len();
-        cache::Writes::write(&mut records, &watcher::Event::Apply(obj));
+        cache::Writes::write(&mut writer, &watcher::Event::Apply(obj));
     }
     let grown = rss_kib().saturating_sub(before);
     assert_eq!(records.len(), n);

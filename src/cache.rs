@@ -153,7 +153,7 @@ where
 {
     let records = Records::default();
     let events = watcher(api, config).default_backoff();
-    let stream = caching(events, relists, records.clone(), |_| {});
+    let stream = caching(events, relists, records.writer(), |_| {});
     (records, stream)
 }
 

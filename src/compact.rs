@@ -17,7 +17,6 @@ use kube::runtime::watcher;
 use kube::Resource;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
-use serde_json::Value;
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fmt;
@@ -144,15 +143,13 @@ impl<'de, K> Deserialize<'de> for Compact<K> {
         struct Parts {
             #[serde(default)]
             metadata: ObjectMeta,
+            /// Counts only: the rest of any status is skipped as it is read.
             #[serde(default)]
-            status: Option<Value>,
+            status: Option<Rollout>,
         }
         let Parts { metadata, status } = Parts::deserialize(deserializer)?;
-        // Counts only: a status without any (a Service's, a ConfigMap's none) costs nothing.
-        let rollout = status
-            .and_then(|s| serde_json::from_value::<Rollout>(s).ok())
-            .filter(|r| *r != Rollout::default())
-            .map(Box::new);
+        // A status without counts (a Service's; a ConfigMap has none) costs nothing.
+        let rollout = status.filter(|r| *r != Rollout::default()).map(Box::new);
         let record = Record {
             version: metadata
                 .resource_version
@@ -256,14 +253,13 @@ impl Key {
     }
 }
 
-/// A cache of [`Record`]s of one kind, filled by a watch of [`Compact`] objects (see
-/// [`crate::cache::cached_records`]); cheap to clone, every clone reads the same cache.
+/// A cache of [`Record`]s of one kind, filled by a watch of [`Compact`] objects through its
+/// [`RecordsWriter`] (see [`crate::cache::cached_records`]); cheap to clone, every clone reads the
+/// same cache.
 #[derive(Clone)]
 pub struct Records {
     objects: Arc<RwLock<HashMap<Key, Record>>>,
     listed: Arc<watch::Sender<bool>>,
-    /// The objects of a (re)list so far: they replace the cache at its end, as in kube's store.
-    listing: Arc<RwLock<Option<HashMap<Key, Record>>>>,
 }
 
 impl Default for Records {
@@ -271,7 +267,6 @@ impl Default for Records {
         Records {
             objects: Arc::default(),
             listed: Arc::new(watch::Sender::new(false)),
-            listing: Arc::default(),
         }
     }
 }
@@ -279,64 +274,79 @@ impl Default for Records {
 impl Records {
     /// The record of `namespace/name`, if cached.
     pub fn get(&self, namespace: &str, name: &str) -> Option<Record> {
-        let objects = self
-            .objects
-            .read()
-            .expect("the cache lock is never poisoned");
-        objects.get(&Key::new(namespace, name)).cloned()
+        self.read().get(&Key::new(namespace, name)).cloned()
     }
 
     pub fn len(&self) -> usize {
-        self.objects
-            .read()
-            .expect("the cache lock is never poisoned")
-            .len()
+        self.read().len()
     }
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
-    /// Replaces what the cache holds with `objects`, as a watch's (re)list does.
-    pub fn fill<K>(&self, objects: impl IntoIterator<Item = Compact<K>>) {
-        self.write::<K>(&watcher::Event::Init);
-        for object in objects {
-            self.write(&watcher::Event::InitApply(object));
+    /// The one writer of this cache.
+    pub fn writer(&self) -> RecordsWriter {
+        RecordsWriter {
+            records: self.clone(),
+            listing: None,
         }
-        self.write::<K>(&watcher::Event::InitDone);
     }
 
-    fn write<K>(&self, event: &watcher::Event<Compact<K>>) {
-        fn lock<T>(map: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
-            map.write().expect("the cache lock is never poisoned")
+    /// Replaces what the cache holds with `objects`, as a watch's (re)list does.
+    pub fn fill<K: Send + 'static>(&self, objects: impl IntoIterator<Item = Compact<K>>) {
+        let mut writer = self.writer();
+        Writes::<Compact<K>>::write(&mut writer, &watcher::Event::Init);
+        for object in objects {
+            writer.write(&watcher::Event::InitApply(object));
         }
+        Writes::<Compact<K>>::write(&mut writer, &watcher::Event::InitDone);
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, HashMap<Key, Record>> {
+        self.objects
+            .read()
+            .expect("the cache lock is never poisoned")
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<Key, Record>> {
+        self.objects
+            .write()
+            .expect("the cache lock is never poisoned")
+    }
+}
+
+/// Fills [`Records`] from watch events.
+pub struct RecordsWriter {
+    records: Records,
+    /// The objects of a (re)list so far: they replace the cache at its end, as in kube's store.
+    listing: Option<HashMap<Key, Record>>,
+}
+
+impl<K: Send + 'static> Writes<Compact<K>> for RecordsWriter {
+    fn write(&mut self, event: &watcher::Event<Compact<K>>) {
         match event {
             watcher::Event::Apply(object) => {
-                lock(&self.objects).insert(Key::of(&object.metadata), object.record.clone());
+                let key = Key::of(&object.metadata);
+                self.records.write().insert(key, object.record.clone());
             }
             watcher::Event::Delete(object) => {
-                lock(&self.objects).remove(&Key::of(&object.metadata));
+                self.records.write().remove(&Key::of(&object.metadata));
             }
-            watcher::Event::Init => *lock(&self.listing) = Some(HashMap::new()),
+            watcher::Event::Init => self.listing = Some(HashMap::new()),
             watcher::Event::InitApply(object) => {
-                if let Some(listing) = lock(&self.listing).as_mut() {
+                if let Some(listing) = &mut self.listing {
                     listing.insert(Key::of(&object.metadata), object.record.clone());
                 }
             }
             watcher::Event::InitDone => {
-                if let Some(mut listed) = lock(&self.listing).take() {
+                if let Some(mut listed) = self.listing.take() {
                     listed.shrink_to_fit();
-                    *lock(&self.objects) = listed;
+                    *self.records.write() = listed;
                 }
-                self.listed.send_replace(true);
+                self.records.listed.send_replace(true);
             }
         }
-    }
-}
-
-impl<K: Send + 'static> Writes<Compact<K>> for Records {
-    fn write(&mut self, event: &watcher::Event<Compact<K>>) {
-        Records::write(self, event);
     }
 }
 
@@ -344,11 +354,9 @@ impl Versions for Records {
     type Key = Key;
 
     fn version(&self, key: &Key) -> Option<String> {
-        let objects = self
-            .objects
-            .read()
-            .expect("the cache lock is never poisoned");
-        objects.get(key).map(|record| record.version.to_string())
+        self.read()
+            .get(key)
+            .map(|record| record.version.to_string())
     }
 }
 
@@ -368,7 +376,7 @@ mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
         FieldsV1, ManagedFieldsEntry, OwnerReference,
     };
-    use serde_json::json;
+    use serde_json::{json, Value};
 
     fn entry(manager: &str, subresource: Option<&str>, fields: Value) -> ManagedFieldsEntry {
         ManagedFieldsEntry {
@@ -498,16 +506,14 @@ mod tests {
 
     #[tokio::test]
     async fn records_follow_the_watch_and_a_relist_replaces_them_at_its_end() {
-        let mut records = Records::default();
+        let records = Records::default();
         let listed = records.listed();
-        let write = |records: &mut Records, event| Writes::write(records, &event);
-        write(&mut records, watcher::Event::Init);
-        write(
-            &mut records,
-            watcher::Event::InitApply(named("n", "a", "1")),
-        );
+        let mut writer = records.writer();
+        let mut write = |event: watcher::Event<Compact<Deployment>>| writer.write(&event);
+        write(watcher::Event::Init);
+        write(watcher::Event::InitApply(named("n", "a", "1")));
         assert!(records.is_empty(), "a list shows once it is complete");
-        write(&mut records, watcher::Event::InitDone);
+        write(watcher::Event::InitDone);
         tokio::time::timeout(std::time::Duration::from_secs(1), listed)
             .await
             .expect("listed once the first list is done");
@@ -515,21 +521,18 @@ mod tests {
         assert_eq!(records.get("n", "a").map(|r| r.version), Some("1".into()));
         assert_eq!(records.get("m", "a"), None, "keyed by namespace too");
 
-        write(&mut records, watcher::Event::Apply(named("n", "b", "2")));
-        write(&mut records, watcher::Event::Apply(named("n", "a", "3")));
+        write(watcher::Event::Apply(named("n", "b", "2")));
+        write(watcher::Event::Apply(named("n", "a", "3")));
         assert_eq!(records.version(&Key::new("n", "a")).as_deref(), Some("3"));
-        write(&mut records, watcher::Event::Delete(named("n", "b", "4")));
+        write(watcher::Event::Delete(named("n", "b", "4")));
         assert_eq!(records.get("n", "b"), None);
 
         // A re-list: the old records stay until it ends; then only the listed ones remain.
-        write(&mut records, watcher::Event::Init);
-        write(
-            &mut records,
-            watcher::Event::InitApply(named("n", "c", "5")),
-        );
+        write(watcher::Event::Init);
+        write(watcher::Event::InitApply(named("n", "c", "5")));
         assert_eq!(records.len(), 1);
         assert!(records.get("n", "a").is_some());
-        write(&mut records, watcher::Event::InitDone);
+        write(watcher::Event::InitDone);
         assert_eq!(
             records.get("n", "a"),
             None,
