@@ -85,6 +85,27 @@ struct Series {
 }
 
 impl Published {
+    /// The series a publish of `key` at `now` continues: its Event's name and next count.
+    fn repeat(&mut self, key: u64, now: Instant) -> Option<(Box<str>, i32)> {
+        self.prune(now);
+        self.series
+            .get(&key)
+            .filter(|s| now.duration_since(s.last) < SERIES_WINDOW)
+            .map(|s| (s.name.clone(), s.count + 1))
+    }
+
+    /// Notes that the Event `name` of `key` was published at `now`, the `count`th time.
+    fn published(&mut self, key: u64, name: Box<str>, count: i32, now: Instant) {
+        self.series.insert(
+            key,
+            Series {
+                name,
+                count,
+                last: now,
+            },
+        );
+    }
+
     /// Forgets the series that ended more than a window ago; at most once a minute, so a
     /// publish costs the same with 10 or 10,000 objects.
     fn prune(&mut self, now: Instant) {
@@ -131,16 +152,8 @@ impl Events {
         let api: Api<Event> = Api::namespaced(self.client.clone(), namespace);
         let key = self.key(regarding, &notice);
         let now = Instant::now();
-        let repeat = {
-            let mut published = self.published.lock().expect("never poisoned");
-            published.prune(now);
-            published
-                .series
-                .get(&key)
-                .filter(|s| now.duration_since(s.last) < SERIES_WINDOW)
-                .map(|s| (s.name.clone(), s.count + 1))
-        };
-        let name = match repeat {
+        let repeat = self.published().repeat(key, now);
+        let (name, count) = match repeat {
             Some((name, count)) => {
                 let patch = json!({
                     "reason": notice.reason,
@@ -148,24 +161,21 @@ impl Events {
                 });
                 api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
                     .await?;
-                name
+                (name, count)
             }
             None => {
                 let event = self.event(regarding, notice);
                 let name = event.metadata.name.clone().unwrap_or_default();
                 api.create(&PostParams::default(), &event).await?;
-                name.into()
+                (name.into(), 1)
             }
         };
-        let mut published = self.published.lock().expect("never poisoned");
-        let series = published.series.entry(key).or_insert(Series {
-            name,
-            count: 0,
-            last: now,
-        });
-        series.count += 1;
-        series.last = now;
+        self.published().published(key, name, count, now);
         Ok(())
+    }
+
+    fn published(&self) -> std::sync::MutexGuard<'_, Published> {
+        self.published.lock().expect("never poisoned")
     }
 
     /// What makes a repeat: the same kind, reason and note about the same objects.
@@ -212,5 +222,54 @@ impl Events {
             related: notice.related,
             ..Event::default()
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_repeat_continues_its_series_within_the_window_and_starts_a_new_one_after() {
+        let start = Instant::now();
+        let mut published = Published::default();
+        assert_eq!(
+            published.repeat(1, start),
+            None,
+            "a first publish is a new Event"
+        );
+        published.published(1, "lb.1".into(), 1, start);
+
+        let soon = start + Duration::from_secs(60);
+        assert_eq!(published.repeat(1, soon), Some(("lb.1".into(), 2)));
+        assert_eq!(
+            published.repeat(2, soon),
+            None,
+            "another key is another Event"
+        );
+        published.published(1, "lb.1".into(), 2, soon);
+
+        // Counted from the last repeat: the series is still open 5 minutes after it.
+        let later = soon + Duration::from_secs(5 * 60);
+        assert_eq!(published.repeat(1, later), Some(("lb.1".into(), 3)));
+
+        // Past the window: a new Event, whose own series starts at 1 under its own name.
+        let past = soon + SERIES_WINDOW;
+        assert_eq!(published.repeat(1, past), None);
+        assert!(published.series.is_empty(), "the ended series is forgotten");
+        published.published(1, "lb.2".into(), 1, past);
+        let next = past + Duration::from_secs(1);
+        assert_eq!(published.repeat(1, next), Some(("lb.2".into(), 2)));
+
+        // Ended but not forgotten yet (the last prune was under a minute ago): not continued.
+        let t0 = Instant::now();
+        let mut published = Published::default();
+        published.published(7, "a.1".into(), 1, t0);
+        assert_eq!(published.repeat(8, t0 + Duration::from_secs(330)), None);
+        let ended = t0 + Duration::from_secs(370);
+        assert_eq!(published.repeat(7, ended), None);
+        published.published(7, "a.2".into(), 1, ended);
+        let after = ended + Duration::from_secs(1);
+        assert_eq!(published.repeat(7, after), Some(("a.2".into(), 2)));
     }
 }
