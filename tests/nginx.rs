@@ -792,6 +792,14 @@ impl Drop for PodNginx {
     }
 }
 
+/// The pod template's spec of a Deployment the operator built.
+fn pod_spec(
+    deployment: &k8s_openapi::api::apps::v1::Deployment,
+) -> &k8s_openapi::api::core::v1::PodSpec {
+    let template = &deployment.spec.as_ref().unwrap().template;
+    template.spec.as_ref().unwrap()
+}
+
 fn start_as_pod(
     deployment: &k8s_openapi::api::apps::v1::Deployment,
     conf: &str,
@@ -799,14 +807,7 @@ fn start_as_pod(
     hosts: &Path,
     addr: &str,
 ) -> PodNginx {
-    let pod = deployment
-        .spec
-        .as_ref()
-        .unwrap()
-        .template
-        .spec
-        .as_ref()
-        .unwrap();
+    let pod = pod_spec(deployment);
     let container = &pod.containers[0];
     let volumes = pod.volumes.as_deref().unwrap();
     let config = dir.join("config");
@@ -918,16 +919,10 @@ fn the_pod_runs_nginx_as_any_uid_writing_only_to_its_empty_dirs() {
         );
         let upstreams = sources::resolve(&c, |_| None).unwrap();
         let children = build::children(&c, &upstreams, &Default::default());
-        let psc = children
-            .deployment
-            .spec
-            .as_ref()
-            .unwrap()
-            .template
-            .spec
+        let psc = pod_spec(&children.deployment)
+            .security_context
             .as_ref()
             .unwrap();
-        let psc = psc.security_context.as_ref().unwrap();
         assert_eq!(psc.run_as_user, None, "the pod fixes no uid");
         // Production configuration, only the listen address moved (the pod's port, 8080).
         let addr = "127.0.0.41:8080";

@@ -1017,28 +1017,45 @@ async fn bind_shipped_cluster_role(
     subjects: serde_json::Value,
 ) {
     let rules = shipped_named(manifests, "ClusterRole", shipped_name)["rules"].clone();
-    let role: ClusterRole =
-        serde_json::from_value(json!({"metadata": {"name": name}, "rules": rules})).unwrap();
-    Api::<ClusterRole>::all(env.client.clone())
-        .create(&PostParams::default(), &role)
+    bind_cluster_role(env, name, rules, subjects).await;
+}
+
+/// Creates the ClusterRole `name` with `rules` and binds it to `subjects`; both are deleted with
+/// the test's namespace.
+async fn bind_cluster_role(
+    env: &mut Env,
+    name: &str,
+    rules: serde_json::Value,
+    subjects: serde_json::Value,
+) {
+    create_cluster_scoped::<ClusterRole>(env, json!({"metadata": {"name": name}, "rules": rules}))
+        .await;
+    create_cluster_scoped::<ClusterRoleBinding>(
+        env,
+        json!({"metadata": {"name": name},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+            "subjects": subjects}),
+    )
+    .await;
+}
+
+/// Creates a cluster-scoped `K` from `object`, deleted with the test's namespace.
+async fn create_cluster_scoped<K>(env: &mut Env, object: serde_json::Value)
+where
+    K: Resource<Scope = k8s_openapi::ClusterResourceScope, DynamicType = ()>
+        + Clone
+        + serde::Serialize
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    let kind = K::kind(&());
+    let object: K = serde_json::from_value(object).unwrap();
+    Api::<K>::all(env.client.clone())
+        .create(&PostParams::default(), &object)
         .await
-        .expect("ClusterRole");
-    env.owns_cluster_scoped(
-        GroupVersionKind::gvk("rbac.authorization.k8s.io", "v1", "ClusterRole"),
-        name,
-    );
-    let binding: ClusterRoleBinding = serde_json::from_value(json!({"metadata": {"name": name},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
-        "subjects": subjects}))
-    .unwrap();
-    Api::<ClusterRoleBinding>::all(env.client.clone())
-        .create(&PostParams::default(), &binding)
-        .await
-        .expect("ClusterRoleBinding");
-    env.owns_cluster_scoped(
-        GroupVersionKind::gvk("rbac.authorization.k8s.io", "v1", "ClusterRoleBinding"),
-        name,
-    );
+        .unwrap_or_else(|e| panic!("{kind}: {e}"));
+    let gvk = GroupVersionKind::gvk(&K::group(&()), &K::version(&()), &kind);
+    env.owns_cluster_scoped(gvk, &object.name_any());
 }
 
 fn shipped<'a>(manifests: &'a [serde_json::Value], kind: &str) -> &'a serde_json::Value {
@@ -1141,27 +1158,13 @@ async fn rbac_the_shipped_roles_are_enough_for_the_whole_job() {
         .expect("ServiceAccount");
     // The shipped rules under a name of this test, so a real installation is never touched.
     let unique = format!("cdn-operator-{ns}");
-    let cr: ClusterRole =
-        serde_json::from_value(json!({"metadata": {"name": unique}, "rules": cluster_role.rules}))
-            .unwrap();
-    Api::<ClusterRole>::all(env.client.clone())
-        .create(&PostParams::default(), &cr)
-        .await
-        .expect("ClusterRole");
-    env.owns_cluster_scoped(
-        GroupVersionKind::gvk("rbac.authorization.k8s.io", "v1", "ClusterRole"),
+    bind_cluster_role(
+        &mut env,
         &unique,
-    );
-    let crb: ClusterRoleBinding = serde_json::from_value(json!({"metadata": {"name": unique},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": unique}, "subjects": subject})).unwrap();
-    Api::<ClusterRoleBinding>::all(env.client.clone())
-        .create(&PostParams::default(), &crb)
-        .await
-        .expect("ClusterRoleBinding");
-    env.owns_cluster_scoped(
-        GroupVersionKind::gvk("rbac.authorization.k8s.io", "v1", "ClusterRoleBinding"),
-        &unique,
-    );
+        json!(cluster_role.rules),
+        subject.clone(),
+    )
+    .await;
     let r: Role =
         serde_json::from_value(json!({"metadata": {"name": role.name_any()}, "rules": role.rules}))
             .unwrap();
