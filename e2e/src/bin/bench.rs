@@ -25,7 +25,7 @@ use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Client, Config, Resource, ResourceExt};
@@ -189,6 +189,33 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
+/// Waits until no namespace of an earlier run is left: their deletion runs on after that run
+/// ends, and an operator started meanwhile would list and reconcile their CdnClusters too.
+async fn await_earlier_runs_gone(client: &Client, limit: Duration) -> Result<(), String> {
+    let api: Api<Namespace> = Api::all(client.clone());
+    let params = ListParams::default().labels(BENCH_LABEL);
+    let deadline = Instant::now() + limit;
+    loop {
+        let left = api
+            .list_metadata(&params)
+            .await
+            .map_err(|e| format!("cannot list namespaces: {e}"))?
+            .items
+            .len();
+        if left == 0 {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "{left} namespaces of earlier runs still there after {limit:?} \
+                 (kept with --keep? kubectl delete namespace -l {BENCH_LABEL})"
+            ));
+        }
+        eprintln!("bench: waiting for {left} namespaces of earlier runs to be deleted");
+        tokio::time::sleep(Duration::from_secs(5)).await;
+    }
+}
+
 async fn create_namespaces(client: &Client, names: &[String], run: &str) {
     let api: Api<Namespace> = Api::all(client.clone());
     for name in names {
@@ -223,6 +250,10 @@ async fn main() -> ExitCode {
     };
     let n = args.clusters;
     install_crds(&client).await;
+    if let Err(error) = await_earlier_runs_gone(&client, Duration::from_secs(1800)).await {
+        eprintln!("bench: {error}");
+        return ExitCode::FAILURE;
+    }
     let run = format!(
         "{:x}",
         std::time::SystemTime::now()
