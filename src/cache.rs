@@ -88,14 +88,23 @@ impl Scope {
     }
 }
 
-/// Annotation in which `kubectl apply` keeps a second copy of the whole object.
-const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+/// An object a cache keeps, [`strip`]ped of the metadata its readers do not read.
+pub trait Cached: Resource {
+    /// Whether the cache's readers read the labels (they are dropped otherwise).
+    const LABELS_READ: bool;
+}
 
-/// What a cache drops of every object: managedFields and kubectl's last-applied copy, never read
-/// and often the largest part of an object.
-pub fn strip<K: Resource>(obj: &mut K) {
-    obj.managed_fields_mut().clear();
-    obj.annotations_mut().remove(LAST_APPLIED);
+/// What a cache drops of every object: managedFields and the annotations (kubectl's
+/// last-applied copy, Argo CD's tracking id: never read, often the largest part of an object),
+/// and the labels unless read. Set to `None`, not emptied: an emptied list or map keeps its
+/// allocation for as long as the object is cached.
+pub fn strip<K: Cached>(obj: &mut K) {
+    let meta = obj.meta_mut();
+    meta.managed_fields = None;
+    meta.annotations = None;
+    if !K::LABELS_READ {
+        meta.labels = None;
+    }
 }
 
 /// What fills a cache from watch events: kube's store writer, or [`crate::compact::Records`].
@@ -127,13 +136,13 @@ pub fn cached<K, F>(
     impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
 )
 where
-    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K: Cached + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
     F: FnMut(&watcher::Event<K>, &Store<K>) + Send + 'static,
 {
     let (reader, writer) = reflector::store();
     let cache = reader.clone();
-    let events = watcher(api, config).default_backoff();
+    let events = watcher(api, config).default_backoff().modify(strip);
     let stream = caching(events, relists, writer, move |event| observe(event, &cache));
     (reader, stream)
 }
@@ -172,7 +181,6 @@ where
     let relists = relists.clone();
     let mut listed_once = false;
     events
-        .modify(strip)
         .inspect(move |event| {
             if let Ok(event) = event {
                 observe(event);
@@ -301,6 +309,7 @@ mod tests {
     use super::*;
     use futures::channel::mpsc;
     use k8s_openapi::api::core::v1::ConfigMap;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
     use kube::runtime::controller::{Action, Controller};
     use std::collections::BTreeSet;
     use std::sync::Mutex;
@@ -326,6 +335,55 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         false
+    }
+
+    /// A CdnCluster as a real server returns it, with labels added.
+    fn served_cluster() -> crate::api::CdnCluster {
+        let mut cluster: crate::api::CdnCluster = serde_json::from_str(include_str!(
+            "../tests/fixtures/real-server/cdncluster-cache-live.json"
+        ))
+        .unwrap();
+        cluster.metadata.labels = Some([("app".to_string(), "cdn".to_string())].into());
+        cluster
+    }
+
+    #[test]
+    fn a_cached_object_keeps_no_managed_fields_annotations_or_unread_labels() {
+        let served = served_cluster();
+        assert!(served.metadata.managed_fields.is_some() && served.metadata.annotations.is_some());
+        let mut cluster = served.clone();
+        strip(&mut cluster);
+        // None, not empty: an emptied Vec or map would keep its allocation.
+        assert_eq!(cluster.metadata.managed_fields, None);
+        assert_eq!(cluster.metadata.annotations, None);
+        assert_eq!(
+            cluster.metadata.labels, None,
+            "a CdnCluster's labels are not read"
+        );
+        assert_eq!(
+            (&cluster.spec, &cluster.status, &cluster.metadata.uid),
+            (&served.spec, &served.status, &served.metadata.uid),
+            "the rest is kept"
+        );
+        assert_eq!(
+            cluster.metadata,
+            ObjectMeta {
+                managed_fields: None,
+                annotations: None,
+                labels: None,
+                ..served.metadata
+            }
+        );
+
+        let mut pod = k8s_openapi::api::core::v1::Pod::default();
+        pod.metadata.labels = Some([("app".to_string(), "at".to_string())].into());
+        pod.metadata.annotations = Some([("a".to_string(), "b".to_string())].into());
+        strip(&mut pod);
+        assert_eq!(
+            (pod.metadata.labels.unwrap().len(), pod.metadata.annotations),
+            (1, None),
+            "a pod's labels are read: kept"
+        );
     }
 
     /// A controller wired as the operator's are, on a watch that lists, loses its place and lists

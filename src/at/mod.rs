@@ -157,6 +157,16 @@ pub fn controller(
     (context, ats_controller, janitor)
 }
 
+/// Nothing reads an At's labels.
+impl cache::Cached for At {
+    const LABELS_READ: bool = false;
+}
+
+/// A pod is told from others, and matched to its At, by its labels.
+impl cache::Cached for Pod {
+    const LABELS_READ: bool = true;
+}
+
 /// The At a pod belongs to: by its instance label, and by its controller owner (they differ only
 /// if someone edited the pod; both are then reconciled).
 pub fn owners(pod: Pod) -> Vec<ObjectRef<At>> {

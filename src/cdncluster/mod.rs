@@ -142,6 +142,11 @@ pub fn controller(
     (context, controller)
 }
 
+/// Nothing reads a CdnCluster's labels.
+impl cache::Cached for CdnCluster {
+    const LABELS_READ: bool = false;
+}
+
 /// Reconciles one CdnCluster.
 pub async fn reconcile(cluster: Arc<CdnCluster>, ctx: Arc<Context>) -> Result<Action, Error> {
     ctx.shared.ready.wait().await;
