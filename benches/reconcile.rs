@@ -174,13 +174,27 @@ fn rss_kib() -> u64 {
 
 /// A real-server fixture (`tests/fixtures/real-server/`) as object `i` of the benchmark: its own
 /// name, namespace, uid and resourceVersion, and its controller's; the rest (defaults, status,
-/// managedFields) as the API server returned it.
+/// managedFields) as the API server returned it. The controller's uid is also in the
+/// managedFields (`k:{"uid":…}`): replaced there too, as each child of a real server has its own.
 fn served(fixture: &str, i: usize) -> serde_json::Value {
     let path = format!(
         "{}/tests/fixtures/real-server/{fixture}.json",
         env!("CARGO_MANIFEST_DIR")
     );
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let obj: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+    let owner_uid = format!("0d7c0b57-3c8e-4a0e-b1f3-{i:012x}");
+    let text = match obj["metadata"]["ownerReferences"][0]["uid"].as_str() {
+        Some(uid) => {
+            assert_eq!(
+                text.matches(uid).count(),
+                2,
+                "{path}: the owner uid in ownerReferences and managedFields"
+            );
+            text.replace(uid, &owner_uid)
+        }
+        None => text,
+    };
     let mut obj: serde_json::Value = serde_json::from_str(&text).expect("JSON");
     let name = format!("cluster-{i}");
     let meta = &mut obj["metadata"];
@@ -190,7 +204,6 @@ fn served(fixture: &str, i: usize) -> serde_json::Value {
     meta["resourceVersion"] = (1_000_000 + i).to_string().into();
     if let Some(owner) = meta["ownerReferences"].get_mut(0) {
         owner["name"] = name.into();
-        owner["uid"] = format!("0d7c0b57-3c8e-4a0e-b1f3-{i:012x}").into();
     }
     obj
 }

@@ -43,6 +43,11 @@ impl Owned {
                     continue;
                 }
                 let (prefix, name) = element.split_at(2);
+                let name = if prefix == "k:" && name.starts_with(UID_KEY_START) {
+                    ANY_UID
+                } else {
+                    name
+                };
                 let here = step(path, prefix, name);
                 nodes.push(here);
                 match child.as_object() {
@@ -169,9 +174,19 @@ fn list_type(name: &str, first: &Value) -> ListType {
     }
 }
 
+/// How the element of a list keyed by uid alone (`ownerReferences`) is named in a path,
+/// whatever its uid. Each child's owner has its own uid: with it in the paths, no two children
+/// would own equal sets and a cache could not hold them once (they are interned). Which owner
+/// is not lost: it is in what the operator applies, hence in the applied hash (`apply`).
+const ANY_UID: &str = "{\"uid\"}";
+const UID_KEY_START: &str = "{\"uid\":";
+
 /// The name of one associative list element's path element (after `k:`): its keys as JSON,
-/// in order, as `{"name":"nginx"}`.
+/// in order, as `{"name":"nginx"}` ([`ANY_UID`] for a uid alone).
 fn element_key(keys: &[&str], item: &Value) -> String {
+    if keys == ["uid"] {
+        return ANY_UID.to_string();
+    }
     let key: Map<String, Value> = keys
         .iter()
         .filter_map(|k| Some((k.to_string(), item.get(*k)?.clone())))
@@ -240,6 +255,27 @@ mod tests {
         other_container["spec"]["template"]["spec"]["containers"][0]["name"] = json!("envoy");
         assert!(!owned.covers(&other_container));
         assert!(!Owned::default().covers(&deployment()));
+    }
+
+    #[test]
+    fn the_fields_of_children_of_different_owners_are_equal() {
+        let mut other_owner = deployment_fields();
+        other_owner["f:metadata"]["f:ownerReferences"] = json!({"k:{\"uid\":\"u2\"}": {
+            ".": {}, "f:uid": {}, "f:name": {}, "f:kind": {}, "f:apiVersion": {}}});
+        let mut fields = deployment_fields();
+        fields["f:metadata"]["f:ownerReferences"] = json!({"k:{\"uid\":\"u1\"}": {
+            ".": {}, "f:uid": {}, "f:name": {}, "f:kind": {}, "f:apiVersion": {}}});
+        // Equal, so a cache holds them once.
+        assert_eq!(Owned::of(&fields), Owned::of(&other_owner));
+        assert!(Owned::of(&fields).covers(&deployment()));
+
+        // An owner reference taken away by another manager is still seen.
+        let mut taken = fields.clone();
+        taken["f:metadata"]
+            .as_object_mut()
+            .unwrap()
+            .remove("f:ownerReferences");
+        assert!(!Owned::of(&taken).covers(&deployment()));
     }
 
     #[test]
