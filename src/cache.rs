@@ -109,7 +109,9 @@ pub fn strip<K: Cached>(obj: &mut K) {
 
 /// What fills a cache from watch events: kube's store writer, or [`crate::compact::Records`].
 pub trait Writes<K>: Send + 'static {
-    fn write(&mut self, event: &watcher::Event<K>);
+    /// Takes `event`; false for an `Apply` that left all the cache's readers read unchanged (a
+    /// new resourceVersion only), which then triggers no reconcile.
+    fn write(&mut self, event: &watcher::Event<K>) -> bool;
 }
 
 impl<K> Writes<K> for reflector::store::Writer<K>
@@ -117,8 +119,9 @@ where
     K: Resource + Clone + Send + Sync + 'static,
     K::DynamicType: Eq + Hash + Clone + Send + Sync,
 {
-    fn write(&mut self, event: &watcher::Event<K>) {
+    fn write(&mut self, event: &watcher::Event<K>) -> bool {
         self.apply_watcher_event(event);
+        true
     }
 }
 
@@ -181,19 +184,23 @@ where
     let relists = relists.clone();
     let mut listed_once = false;
     events
-        .inspect(move |event| {
-            if let Ok(event) = event {
-                observe(event);
-                cache.write(event);
-            }
-        })
+        // An update that changed nothing the cache keeps (a Deployment's status conditions, a
+        // field of another manager) would reconcile the owner for nothing: it is not passed on.
         // The objects of a re-list go to the store's buffer, which replaces the store only at its
         // end: a reconcile they triggered would read the world from before the watch lost its
         // place (and one for an object created meanwhile would find nothing and be dropped). So
         // they trigger nothing; at the end, with the store replaced, `relists` has every object
         // reconciled, which also covers what was deleted meanwhile (no event says so).
         .filter(move |event| {
+            let changed = match event {
+                Ok(event) => {
+                    observe(event);
+                    cache.write(event)
+                }
+                Err(_) => true,
+            };
             let keep = match event {
+                Ok(watcher::Event::Apply(_)) => changed,
                 Ok(watcher::Event::InitApply(_)) => !listed_once,
                 Ok(watcher::Event::InitDone) => {
                     if listed_once {
@@ -384,6 +391,83 @@ mod tests {
             (1, None),
             "a pod's labels are read: kept"
         );
+    }
+
+    /// Updates of a child that change nothing its record keeps reconcile nothing; any other
+    /// change, and a deletion, does.
+    #[tokio::test]
+    async fn only_a_change_of_what_is_read_of_a_child_is_passed_on() {
+        use crate::compact::Compact;
+        use k8s_openapi::api::apps::v1::{Deployment, DeploymentStatus};
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry};
+        let deployment = |version: &str, ready: i32, fields: serde_json::Value, condition: &str| {
+            let mut d = Deployment::default();
+            d.metadata.name = Some("d".into());
+            d.metadata.namespace = Some("ns".into());
+            d.metadata.resource_version = Some(version.into());
+            d.metadata.managed_fields = Some(vec![ManagedFieldsEntry {
+                manager: Some(crate::apply::FIELD_MANAGER.into()),
+                operation: Some("Apply".into()),
+                fields_v1: Some(FieldsV1(fields)),
+                ..Default::default()
+            }]);
+            d.status = Some(DeploymentStatus {
+                replicas: Some(1),
+                ready_replicas: Some(ready),
+                conditions: Some(vec![serde_json::from_value(serde_json::json!(
+                    {"type": "Progressing", "status": "True", "reason": condition}
+                ))
+                .unwrap()]),
+                ..Default::default()
+            });
+            watcher::Event::Apply(Compact::of(&d))
+        };
+        let spec = serde_json::json!({"f:spec": {"f:replicas": {}}});
+        let (watch, events) = mpsc::unbounded();
+        let records = crate::compact::Records::default();
+        let passed = caching(events, &Relists::default(), records.writer(), |_| {});
+        let send = |event| watch.unbounded_send(Ok(event)).unwrap();
+        send(watcher::Event::Init);
+        send(watcher::Event::InitDone);
+        send(deployment("1", 0, spec.clone(), "NewReplicaSetCreated"));
+        // Only its conditions (not kept) changed.
+        send(deployment("2", 0, spec.clone(), "ProgressDeadlineExceeded"));
+        send(deployment("3", 1, spec.clone(), "ProgressDeadlineExceeded"));
+        // Another manager took a field the operator applied.
+        send(deployment(
+            "4",
+            1,
+            serde_json::json!({"f:spec": {}}),
+            "ProgressDeadlineExceeded",
+        ));
+        send(deployment(
+            "5",
+            1,
+            serde_json::json!({"f:spec": {}}),
+            "ProgressDeadlineExceeded",
+        ));
+        send(watcher::Event::Delete(Compact::of(&Deployment {
+            metadata: ObjectMeta {
+                name: Some("d".into()),
+                namespace: Some("ns".into()),
+                resource_version: Some("6".into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        })));
+        drop(watch);
+        let versions: Vec<String> = passed
+            .filter_map(|event| async move {
+                match event.unwrap() {
+                    watcher::Event::Apply(d) => Some(format!("apply {}", d.record.version)),
+                    watcher::Event::Delete(d) => Some(format!("delete {}", d.record.version)),
+                    _ => None,
+                }
+            })
+            .collect()
+            .await;
+        assert_eq!(versions, ["apply 1", "apply 3", "apply 4", "delete 6"]);
+        assert_eq!(records.get("ns", "d"), None, "the cache took every event");
     }
 
     /// A controller wired as the operator's are, on a watch that lists, loses its place and lists

@@ -68,6 +68,25 @@ impl Record {
         self.applied_hash.is_some() && self.applied_hash == parse_hash(hash)
     }
 
+    /// Whether `other` is this record at another resourceVersion: nothing the operator reads
+    /// of the object differs.
+    pub fn same_but_version(&self, other: &Record) -> bool {
+        let Record {
+            version: _,
+            generation,
+            applied_hash,
+            owned,
+            rollout,
+        } = self;
+        (generation, applied_hash, owned, rollout)
+            == (
+                &other.generation,
+                &other.applied_hash,
+                &other.owned,
+                &other.rollout,
+            )
+    }
+
     /// The cached object as `K`, named `name`: its generation and status counts, no spec.
     pub fn typed<K>(&self, name: &str) -> Result<K, serde_json::Error>
     where
@@ -324,11 +343,13 @@ pub struct RecordsWriter {
 }
 
 impl<K: Send + 'static> Writes<Compact<K>> for RecordsWriter {
-    fn write(&mut self, event: &watcher::Event<Compact<K>>) {
+    fn write(&mut self, event: &watcher::Event<Compact<K>>) -> bool {
         match event {
             watcher::Event::Apply(object) => {
                 let key = Key::of(&object.metadata);
-                self.records.write().insert(key, object.record.clone());
+                let old = self.records.write().insert(key, object.record.clone());
+                // The record is all the operator reads of the object.
+                return old.is_none_or(|old| !object.record.same_but_version(&old));
             }
             watcher::Event::Delete(object) => {
                 self.records.write().remove(&Key::of(&object.metadata));
@@ -347,6 +368,7 @@ impl<K: Send + 'static> Writes<Compact<K>> for RecordsWriter {
                 self.records.listed.send_replace(true);
             }
         }
+        true
     }
 }
 
