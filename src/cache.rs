@@ -109,8 +109,8 @@ pub fn strip<K: Cached>(obj: &mut K) {
 
 /// What fills a cache from watch events: kube's store writer, or [`crate::compact::Records`].
 pub trait Writes<K>: Send + 'static {
-    /// Takes `event`; false for an `Apply` that left all the cache's readers read unchanged (a
-    /// new resourceVersion only), which then triggers no reconcile.
+    /// Takes `event`; false for an `Apply` that changed nothing the cache's readers read (a new
+    /// resourceVersion only), which then triggers no reconcile.
     fn write(&mut self, event: &watcher::Event<K>) -> bool;
 }
 
