@@ -192,24 +192,24 @@ where
         // they trigger nothing; at the end, with the store replaced, `relists` has every object
         // reconciled, which also covers what was deleted meanwhile (no event says so).
         .filter(move |event| {
-            let changed = match event {
+            let keep = match event {
+                Err(_) => true,
                 Ok(event) => {
                     observe(event);
-                    cache.write(event)
-                }
-                Err(_) => true,
-            };
-            let keep = match event {
-                Ok(watcher::Event::Apply(_)) => changed,
-                Ok(watcher::Event::InitApply(_)) => !listed_once,
-                Ok(watcher::Event::InitDone) => {
-                    if listed_once {
-                        relists.tell();
+                    let changed = cache.write(event);
+                    match event {
+                        watcher::Event::Apply(_) => changed,
+                        watcher::Event::InitApply(_) => !listed_once,
+                        watcher::Event::InitDone => {
+                            if listed_once {
+                                relists.tell();
+                            }
+                            listed_once = true;
+                            true
+                        }
+                        _ => true,
                     }
-                    listed_once = true;
-                    true
                 }
-                _ => true,
             };
             futures::future::ready(keep)
         })
