@@ -68,26 +68,18 @@ fn edges(index: &mut BySource, cluster: &CdnCluster, add: bool) {
     let sources = cluster.spec.sources.iter().filter(|s| s.origin.is_none());
     for source in sources {
         let key = Key::new(&namespace, &source.name);
-        let parents = index.get(&key).map_or(&[][..], |p| &p[..]);
-        let at = parents.binary_search_by(|p| (**p).cmp(parent.as_str()));
-        let changed: Vec<Box<str>> = match (add, at) {
-            (true, Err(at)) => {
-                let mut more = parents.to_vec();
-                more.insert(at, parent.as_str().into());
-                more
-            }
-            (false, Ok(at)) => {
-                let mut fewer = parents.to_vec();
-                fewer.remove(at);
-                fewer
-            }
-            // Already there (a source listed twice), or already gone.
-            _ => continue,
-        };
-        if changed.is_empty() {
-            index.remove(&key);
-        } else {
-            index.insert(key, changed.into_boxed_slice());
+        let mut parents = index.remove(&key).map(Vec::from).unwrap_or_default();
+        // Nothing to do if already there (a source listed twice) or already gone.
+        match (
+            add,
+            parents.binary_search_by(|p| (**p).cmp(parent.as_str())),
+        ) {
+            (true, Err(at)) => parents.insert(at, parent.as_str().into()),
+            (false, Ok(at)) => drop(parents.remove(at)),
+            _ => {}
+        }
+        if !parents.is_empty() {
+            index.insert(key, parents.into_boxed_slice());
         }
     }
 }
