@@ -43,7 +43,7 @@ impl Owned {
                     continue;
                 }
                 let (prefix, name) = element.split_at(2);
-                let name = if prefix == "k:" && name.starts_with(UID_KEY_START) {
+                let name = if prefix == "k:" && is_uid_alone(name) {
                     ANY_UID
                 } else {
                     name
@@ -179,7 +179,13 @@ fn list_type(name: &str, first: &Value) -> ListType {
 /// would own equal sets and a cache could not hold them once (they are interned). Which owner
 /// is not lost: it is in what the operator applies, hence in the applied hash (`apply`).
 const ANY_UID: &str = "{\"uid\"}";
-const UID_KEY_START: &str = "{\"uid\":";
+
+/// Whether a `k:` path element names an element by its uid alone, as [`element_key`] does for a
+/// list keyed by `uid`: the two sides of a comparison must agree.
+fn is_uid_alone(name: &str) -> bool {
+    name.starts_with("{\"uid\":")
+        && serde_json::from_str::<Map<String, Value>>(name).is_ok_and(|key| key.len() == 1)
+}
 
 /// The name of one associative list element's path element (after `k:`): its keys as JSON,
 /// in order, as `{"name":"nginx"}` ([`ANY_UID`] for a uid alone).
@@ -268,6 +274,10 @@ mod tests {
         // Equal, so a cache holds them once.
         assert_eq!(Owned::of(&fields), Owned::of(&other_owner));
         assert!(Owned::of(&fields).covers(&deployment()));
+
+        // A key of a uid and more is not a uid alone: kept whole, as a comparison computes it.
+        assert!(!is_uid_alone("{\"uid\":\"u1\",\"name\":\"a\"}"));
+        assert!(is_uid_alone("{\"uid\":\"u1\"}"));
 
         // An owner reference taken away by another manager is still seen.
         let mut taken = fields.clone();
