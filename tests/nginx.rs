@@ -110,11 +110,11 @@ fn every_generated_configuration_passes_nginx_t() {
             None,
         )],
     );
-    tuned.spec.cache = Some(CacheSpec {
+    tuned.spec.cache = Some(Box::new(CacheSpec {
         size: Some("20g".into()),
         inactive: Some("1h".into()),
         valid: Some("30s".into()),
-    });
+    }));
     let specs = vec![
         // The seed: a balancer routing by path, no default.
         cluster(

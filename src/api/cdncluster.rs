@@ -51,12 +51,13 @@ pub struct CdnClusterSpec {
 
     /// Compute resources of the nginx container. Defaults to requests of 50m CPU and 64Mi memory and
     /// a 256Mi memory limit.
+    // Boxed, as `cache`: rarely set, and every cached CdnCluster would carry their size inline.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub resources: Option<ResourceRequirements>,
+    pub resources: Option<Box<ResourceRequirements>>,
 
     /// Cache tuning; used by the `cache` role only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cache: Option<CacheSpec>,
+    pub cache: Option<Box<CacheSpec>>,
 }
 
 fn default_replicas() -> i32 {

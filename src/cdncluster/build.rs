@@ -83,7 +83,7 @@ pub fn config(cluster: &CdnCluster, upstreams: &[Upstream], paths: &Paths) -> St
 
 fn cache_tuning(cluster: &CdnCluster) -> CacheTuning {
     let defaults = CacheTuning::default();
-    let spec = cluster.spec.cache.clone().unwrap_or_default();
+    let spec = cluster.spec.cache.as_deref().cloned().unwrap_or_default();
     CacheTuning {
         size: spec.size.unwrap_or(defaults.size),
         inactive: spec.inactive.unwrap_or(defaults.inactive),
@@ -246,7 +246,8 @@ fn deployment(cluster: &CdnCluster, config_hash: &str, run_as: &RunAs) -> Deploy
             cluster
                 .spec
                 .resources
-                .clone()
+                .as_deref()
+                .cloned()
                 .unwrap_or_else(default_resources),
         ),
         security_context: Some(crate::restricted::container()),
