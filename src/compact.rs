@@ -21,6 +21,7 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fmt;
 use std::marker::PhantomData;
+use std::num::{NonZeroI64, NonZeroU64};
 use std::sync::{Arc, RwLock};
 use tokio::sync::watch;
 
@@ -29,10 +30,11 @@ use tokio::sync::watch;
 pub struct Record {
     /// Its resourceVersion (to wait for a write to reach the cache).
     pub version: Box<str>,
-    /// Its generation (is its status current).
-    pub generation: Option<i64>,
+    /// Its generation (is its status current); generations start at 1. `NonZero`, as the hash:
+    /// thousands of records are cached, and each `Option` tag would cost a word.
+    pub generation: Option<NonZeroI64>,
     /// The applied-hash annotation, when it is one the operator writes (16 lowercase hex digits).
-    applied_hash: Option<u64>,
+    applied_hash: Option<NonZeroU64>,
     /// The fields of the operator's own apply (its managedFields entry for the main resource),
     /// `None` when it has none. Interned: children of one kind and shape own the same fields
     /// (fieldsV1 names fields and list keys, not values), so thousands share one copy.
@@ -56,10 +58,13 @@ pub struct Rollout {
 }
 
 /// The applied hash as cached: 16 lowercase hex digits (what [`crate::apply::hash`] writes), or
-/// nothing (any other value matches no hash the operator computes).
-fn parse_hash(text: &str) -> Option<u64> {
+/// nothing (any other value matches no hash the operator computes). The hash 0 is nothing too: it
+/// would only cost one needless apply, once in 2^64.
+fn parse_hash(text: &str) -> Option<NonZeroU64> {
     let hex = text.len() == 16 && text.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
-    hex.then(|| u64::from_str_radix(text, 16).ok()).flatten()
+    hex.then(|| u64::from_str_radix(text, 16).ok())
+        .flatten()
+        .and_then(NonZeroU64::new)
 }
 
 impl Record {
@@ -175,7 +180,7 @@ impl<'de, K> Deserialize<'de> for Compact<K> {
                 .as_deref()
                 .unwrap_or_default()
                 .into(),
-            generation: metadata.generation,
+            generation: metadata.generation.and_then(NonZeroI64::new),
             applied_hash: metadata
                 .annotations
                 .as_ref()
@@ -199,7 +204,7 @@ impl<K: Resource<DynamicType = ()>> Serialize for Compact<K> {
             "kind": K::kind(&()),
             "metadata": self.metadata,
         });
-        value["metadata"]["generation"] = self.record.generation.into();
+        value["metadata"]["generation"] = self.record.generation.map(NonZeroI64::get).into();
         if let Some(rollout) = &self.record.rollout {
             value["status"] = serde_json::to_value(rollout).map_err(serde::ser::Error::custom)?;
         }
@@ -472,7 +477,7 @@ mod tests {
         );
         let record = &compact.record;
         assert_eq!(&*record.version, "17");
-        assert_eq!(record.generation, Some(3));
+        assert_eq!(record.generation, NonZeroI64::new(3));
         assert!(record.applied_hash_is("0123456789abcdef"));
         assert!(!record.applied_hash_is("0123456789abcdee"));
         let owned = record.owned.as_ref().expect("the operator's apply entry");
@@ -507,6 +512,12 @@ mod tests {
         assert!(!Compact::of(&Deployment::default())
             .record
             .applied_hash_is(&hash));
+    }
+
+    #[test]
+    fn a_record_is_six_words() {
+        // Thousands are cached per kind, in hash tables sized by the entry.
+        assert_eq!(std::mem::size_of::<Record>(), 48);
     }
 
     #[test]
