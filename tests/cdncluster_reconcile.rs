@@ -701,6 +701,39 @@ async fn a_child_the_server_refuses_is_reported_in_the_status_and_one_warning() 
 }
 
 #[tokio::test]
+async fn the_service_goes_alongside_the_config_map_and_the_deployment_waits_for_it() {
+    let c = Cluster::new().await;
+    c.create("foo", Role::Cache, &[]).await;
+    c.fake
+        .refuse("patch ConfigMap", 500, "etcdserver: request timed out");
+    let error = c.reconcile("foo").await.unwrap_err();
+    assert!(error.to_string().contains("ConfigMap foo-nginx"), "{error}");
+    let applied = |kind: &str| {
+        let writes = c.fake.requests();
+        writes
+            .iter()
+            .filter_map(|r| r.entry())
+            .any(|w| w.starts_with(&format!("patch {kind}")))
+    };
+    assert!(applied("ConfigMap"), "the ConfigMap was sent");
+    assert!(
+        applied("Service"),
+        "the Service did not wait for the ConfigMap"
+    );
+    assert!(
+        !applied("Deployment"),
+        "no rollout without its configuration"
+    );
+    assert!(c.api::<Service>().get_opt("foo").await.unwrap().is_some());
+    assert!(c
+        .api::<Deployment>()
+        .get_opt("foo-deployment")
+        .await
+        .unwrap()
+        .is_none());
+}
+
+#[tokio::test]
 async fn a_cluster_deleted_while_queued_ends_quietly() {
     let c = Cluster::new().await;
     c.create("foo", Role::Cache, &[]).await;
