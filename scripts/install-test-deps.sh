@@ -4,6 +4,9 @@
 set -euo pipefail
 
 apt_packages=()
+# The build of jemalloc, the operator's allocator (tikv-jemalloc-sys), runs make and a C compiler.
+command -v make >/dev/null 2>&1 || apt_packages+=(make)
+command -v cc >/dev/null 2>&1 || apt_packages+=(gcc)
 command -v nginx >/dev/null 2>&1 || apt_packages+=(nginx-light)
 # promtool lints the /metrics exposition (Debian ships it in the prometheus package).
 command -v promtool >/dev/null 2>&1 || apt_packages+=(prometheus)

@@ -26,7 +26,6 @@ use std::time::Duration;
 
 /// Runs the operator; any failure is one line on stderr and a non-zero exit.
 pub fn main(args: Args) -> ExitCode {
-    crate::runtime::malloc::one_arena();
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(error) => return crate::fail(&format!("cannot start the async runtime: {error}")),

@@ -7,7 +7,6 @@ pub mod http;
 pub mod instrument;
 pub mod leader;
 pub mod logs;
-pub mod malloc;
 pub mod metrics;
 pub mod process;
 pub mod shutdown;

@@ -11,6 +11,7 @@ mod fake_api;
 mod launch;
 mod otlp;
 
+mod allocator;
 mod election;
 mod image;
 mod probes_and_metrics;
