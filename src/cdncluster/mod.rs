@@ -254,11 +254,10 @@ impl Written {
         &mut self,
         cache: &Records,
         namespace: &str,
-        applied: Result<ChildApplied<K>, Error>,
-    ) -> Result<(Option<Record>, Option<K>), Error> {
-        let (observed, applied) = applied?;
+        (observed, applied): ChildApplied<K>,
+    ) -> (Option<Record>, Option<K>) {
         let Some((change, applied)) = applied else {
-            return Ok((observed, None));
+            return (observed, None);
         };
         self.changes.push(ChildChange {
             child: applied.object_ref(&()),
@@ -271,7 +270,7 @@ impl Written {
             before,
             applied.resource_version(),
         );
-        Ok((observed, Some(applied)))
+        (observed, Some(applied))
     }
 }
 
@@ -295,12 +294,13 @@ async fn apply_children(
         apply_child(ctx, namespace, &ctx.config_maps, config_map),
         apply_child(ctx, namespace, &ctx.services, service),
     );
-    let config_map = written.child(&ctx.config_maps, namespace, config_map);
-    let service = written.child(&ctx.services, namespace, service);
+    // Whatever was applied is recorded, even beside a refusal.
+    let config_map = config_map.map(|a| written.child(&ctx.config_maps, namespace, a));
+    let service = service.map(|a| written.child(&ctx.services, namespace, a));
     config_map.and(service)?;
     let name = deployment.name_any();
-    let deployment = apply_child(ctx, namespace, &ctx.deployments, deployment).await;
-    let (observed, applied) = written.child(&ctx.deployments, namespace, deployment)?;
+    let deployment = apply_child(ctx, namespace, &ctx.deployments, deployment).await?;
+    let (observed, applied) = written.child(&ctx.deployments, namespace, deployment);
     Ok(applied.or_else(|| observed.and_then(|d| d.typed(&name).ok())))
 }
 
