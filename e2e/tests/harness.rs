@@ -4,6 +4,7 @@
 //! the real operator.
 
 use cdn_operator_e2e::{run_flag, OperatorOptions};
+use cdn_operator_testkit::{poll, Operator};
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpListener;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -65,6 +66,17 @@ fn fake_operator(args: &[String]) {
     println!("terminated by SIGTERM");
 }
 
+/// The operator's logs once its first line is in: they are read on another thread, which may not
+/// have caught up when /healthz answers.
+async fn logs_once_started(operator: &Operator) -> String {
+    poll(Duration::from_secs(10), Duration::from_millis(10), || {
+        let logs = operator.logs();
+        std::future::ready(logs.contains("started with").then_some(logs))
+    })
+    .await
+    .unwrap_or_else(|| operator.logs())
+}
+
 async fn drive() {
     assert_eq!(
         run_flag(&["--retry-period", "--leader-election-retry-period"]).as_deref(),
@@ -79,7 +91,7 @@ async fn drive() {
         args: vec!["--max-concurrent-reconciles=4".into()],
     };
     let mut operator = options.start("fake").await;
-    let logs = operator.logs();
+    let logs = logs_once_started(&operator).await;
     for arg in [
         "run",
         "--namespace=ns1",
@@ -107,7 +119,7 @@ async fn drive() {
         ..Default::default()
     };
     let operator = elected.start("fake-elected").await;
-    let logs = operator.logs();
+    let logs = logs_once_started(&operator).await;
     for arg in [
         "--leader-elect=true",
         "--leader-election-namespace=ns2",
