@@ -13,8 +13,7 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 /// freed pages returned to the system at once, not kept for reuse for ten seconds, so the
 /// caches' tables, which double as they grow, do not hold their old pages too.
 #[export_name = "_rjem_malloc_conf"]
-#[allow(non_upper_case_globals)]
-pub static malloc_conf: &[u8] = b"narenas:1,dirty_decay_ms:0,muzzy_decay_ms:0\0";
+static MALLOC_CONF: &[u8] = b"narenas:1,dirty_decay_ms:0,muzzy_decay_ms:0\0";
 
 /// Kubernetes operator for CDN clusters of nginx (CdnCluster) and one-shot commands (At).
 #[derive(Parser)]

@@ -708,11 +708,10 @@ async fn the_service_goes_alongside_the_config_map_and_the_deployment_waits_for_
         .refuse("patch ConfigMap", 500, "etcdserver: request timed out");
     let error = c.reconcile("foo").await.unwrap_err();
     assert!(error.to_string().contains("ConfigMap foo-nginx"), "{error}");
+    let writes = c.take_writes();
     let applied = |kind: &str| {
-        let writes = c.fake.requests();
         writes
             .iter()
-            .filter_map(|r| r.entry())
             .any(|w| w.starts_with(&format!("patch {kind}")))
     };
     assert!(applied("ConfigMap"), "the ConfigMap was sent");
@@ -725,12 +724,7 @@ async fn the_service_goes_alongside_the_config_map_and_the_deployment_waits_for_
         "no rollout without its configuration"
     );
     assert!(c.api::<Service>().get_opt("foo").await.unwrap().is_some());
-    assert!(c
-        .api::<Deployment>()
-        .get_opt("foo-deployment")
-        .await
-        .unwrap()
-        .is_none());
+    assert!(c.deployment("foo").await.is_none());
 }
 
 #[tokio::test]
