@@ -3,6 +3,7 @@
 
 use crate::compact::{Compact, Records};
 use futures::{Stream, StreamExt};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::Api;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{watcher, WatchStreamExt};
@@ -10,9 +11,9 @@ use kube::{Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use std::fmt::Debug;
 use std::hash::Hash;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::sync::watch;
+use tokio::sync::{watch, Notify};
 
 /// How long a reconcile waits for its writes to reach the caches (see [`until_visible`]).
 pub const WRITES_VISIBLE_WITHIN: Duration = Duration::from_secs(2);
@@ -20,6 +21,8 @@ pub const WRITES_VISIBLE_WITHIN: Duration = Duration::from_secs(2);
 /// A cache that answers the resourceVersion it holds of an object.
 pub trait Versions: Clone + Send + Sync + 'static {
     type Key: Send + Sync + 'static;
+    /// The key of `namespace/name`.
+    fn key(namespace: &str, name: &str) -> Self::Key;
     /// The cached version of `key`; `None` when it is not cached.
     fn version(&self, key: &Self::Key) -> Option<String>;
 }
@@ -27,9 +30,13 @@ pub trait Versions: Clone + Send + Sync + 'static {
 impl<K> Versions for Store<K>
 where
     K: Resource + Clone + Send + Sync + 'static,
-    K::DynamicType: Eq + Hash + Clone + Send + Sync,
+    K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
 {
     type Key = reflector::ObjectRef<K>;
+
+    fn key(namespace: &str, name: &str) -> Self::Key {
+        reflector::ObjectRef::new(name).within(namespace)
+    }
 
     fn version(&self, key: &Self::Key) -> Option<String> {
         self.get(key)
@@ -37,15 +44,20 @@ where
     }
 }
 
-/// Waits, at most `within`, until `cache` holds the version of `key` a write answered with
-/// (`written`) or a later one (one other than `before`, the version cached before the write).
+/// Waits, at most `within`, until `cache` holds the version of `namespace/name` a write answered
+/// with (`written`) or a later one (one other than `before`, the version cached before the write).
+/// `arrivals` are those of `cache`: the watch filling it wakes this wait when that object changes.
 ///
 /// Why: a reconcile's own writes trigger the next one at once, and the watch may deliver them a
 /// few milliseconds later: read from a cache that has not caught up, the next reconcile would
-/// write the same objects and Events again.
+/// write the same objects and Events again. Woken by the watch rather than polling: polling cost
+/// a timer wake-up every 2 ms for each write awaited, more the slower the API server answers.
+#[allow(clippy::too_many_arguments)]
 pub async fn until_visible<C: Versions>(
     cache: &C,
-    key: &C::Key,
+    arrivals: &Arrivals,
+    namespace: &str,
+    name: &str,
     before: Option<String>,
     written: Option<String>,
     within: Duration,
@@ -53,14 +65,100 @@ pub async fn until_visible<C: Versions>(
     if within.is_zero() {
         return;
     }
+    // Watched before the first look, so an event between the look and the wait is not missed.
+    let arrival = arrivals.watch(namespace, name);
+    let key = C::key(namespace, name);
     let caught_up = || {
-        cache.version(key).is_some_and(|version| {
+        cache.version(&key).is_some_and(|version| {
             Some(&version) == written.as_ref() || Some(&version) != before.as_ref()
         })
     };
-    let deadline = tokio::time::Instant::now() + within;
-    while !caught_up() && tokio::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(2)).await;
+    let _ = tokio::time::timeout(within, async {
+        while !caught_up() {
+            arrival.changed().await;
+        }
+    })
+    .await;
+}
+
+/// The waits on the objects of one cache ([`until_visible`]), woken by the watch that fills it
+/// ([`cached`], [`cached_records`]) each time one of those objects changes, or when a list
+/// replaces the whole cache. Cheap to clone: every clone is the same.
+#[derive(Clone, Default)]
+pub struct Arrivals {
+    waiting: Arc<Mutex<Vec<Waiter>>>,
+}
+
+struct Waiter {
+    namespace: String,
+    name: String,
+    wake: Arc<Notify>,
+}
+
+impl Arrivals {
+    /// Starts watching `namespace/name`; stops when the returned [`Arrival`] is dropped.
+    pub fn watch(&self, namespace: &str, name: &str) -> Arrival {
+        let wake = Arc::new(Notify::new());
+        self.lock().push(Waiter {
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+            wake: wake.clone(),
+        });
+        Arrival {
+            arrivals: self.clone(),
+            wake,
+        }
+    }
+
+    /// The cache took an event of the object `meta`, or, with `None`, was replaced whole.
+    fn arrived(&self, meta: Option<&ObjectMeta>) {
+        let waiting = self.lock();
+        for waiter in waiting.iter() {
+            let awaited = meta.is_none_or(|meta| {
+                meta.name.as_deref() == Some(waiter.name.as_str())
+                    && meta.namespace.as_deref().unwrap_or_default() == waiter.namespace
+            });
+            if awaited {
+                waiter.wake.notify_one();
+            }
+        }
+    }
+
+    /// How many waits are under way.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Waiter>> {
+        self.waiting
+            .lock()
+            .expect("the arrivals lock is never poisoned")
+    }
+}
+
+/// A wait on one object of a cache, from [`Arrivals::watch`].
+pub struct Arrival {
+    arrivals: Arrivals,
+    wake: Arc<Notify>,
+}
+
+impl Arrival {
+    /// Returns once the object changed in the cache since the last call (or since the watch
+    /// began, for the first).
+    pub async fn changed(&self) {
+        self.wake.notified().await;
+    }
+}
+
+impl Drop for Arrival {
+    fn drop(&mut self) {
+        self.arrivals
+            .lock()
+            .retain(|waiter| !Arc::ptr_eq(&waiter.wake, &self.wake));
     }
 }
 
@@ -128,11 +226,12 @@ where
 /// A cached watch of `api`: kube's store, and the stream that fills it (to be polled by a
 /// controller), each object [`strip`]ped before caching. `observe(event, cache)` sees each event
 /// before the cache takes it, so the cache still holds the object's previous version. A re-list
-/// is told to `relists` (see [`Relists`]).
+/// is told to `relists` (see [`Relists`]), and every event that reached the cache to `arrivals`.
 pub fn cached<K, F>(
     api: Api<K>,
     config: watcher::Config,
     relists: &Relists,
+    arrivals: &Arrivals,
     mut observe: F,
 ) -> (
     Store<K>,
@@ -146,7 +245,9 @@ where
     let (reader, writer) = reflector::store();
     let cache = reader.clone();
     let events = watcher(api, config).default_backoff().modify(strip);
-    let stream = caching(events, relists, writer, move |event| observe(event, &cache));
+    let stream = caching(events, relists, arrivals, writer, move |event| {
+        observe(event, &cache)
+    });
     (reader, stream)
 }
 
@@ -165,7 +266,13 @@ where
 {
     let records = Records::default();
     let events = watcher(api, config).default_backoff();
-    let stream = caching(events, relists, records.writer(), |_| {});
+    let stream = caching(
+        events,
+        relists,
+        records.arrivals(),
+        records.writer(),
+        |_| {},
+    );
     (records, stream)
 }
 
@@ -173,6 +280,7 @@ where
 fn caching<K, W, F>(
     events: impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
     relists: &Relists,
+    arrivals: &Arrivals,
     mut cache: W,
     mut observe: F,
 ) -> impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static
@@ -181,7 +289,7 @@ where
     W: Writes<K>,
     F: FnMut(&watcher::Event<K>) + Send + 'static,
 {
-    let relists = relists.clone();
+    let (relists, arrivals) = (relists.clone(), arrivals.clone());
     let mut listed_once = false;
     events
         // An update that changed nothing the cache keeps (a Deployment's status conditions, a
@@ -197,6 +305,13 @@ where
                 Ok(event) => {
                     observe(event);
                     let changed = cache.write(event);
+                    match event {
+                        watcher::Event::Apply(obj) | watcher::Event::Delete(obj) => {
+                            arrivals.arrived(Some(obj.meta()))
+                        }
+                        watcher::Event::InitDone => arrivals.arrived(None),
+                        _ => {}
+                    }
                     match event {
                         watcher::Event::Apply(_) => changed,
                         watcher::Event::InitApply(_) => !listed_once,
@@ -315,6 +430,7 @@ impl CachesReady {
 mod tests {
     use super::*;
     use futures::channel::mpsc;
+    use futures::FutureExt;
     use k8s_openapi::api::core::v1::ConfigMap;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
     use kube::runtime::controller::{Action, Controller};
@@ -393,6 +509,85 @@ mod tests {
         );
     }
 
+    fn versioned(name: &str, version: &str) -> ConfigMap {
+        let mut cm = config_map(name);
+        cm.metadata.resource_version = Some(version.into());
+        cm
+    }
+
+    /// A reconcile waiting for its write to reach the cache is woken by the watch event that
+    /// brings it, not by its deadline (time is paused: it would jump to the deadline at once).
+    #[tokio::test(start_paused = true)]
+    async fn a_wait_for_a_write_ends_when_the_watch_delivers_it() {
+        let (watch, events) = mpsc::unbounded();
+        let arrivals = Arrivals::default();
+        let (store, writer) = reflector::store();
+        let stream = caching(events, &Relists::default(), &arrivals, writer, |_| {});
+        tokio::spawn(stream.for_each(|_| async {}));
+        let send = |event| watch.unbounded_send(Ok(event)).unwrap();
+        send(watcher::Event::Init);
+        send(watcher::Event::InitApply(versioned("a", "1")));
+        send(watcher::Event::InitDone);
+        store.wait_until_ready().await.unwrap();
+
+        let within = Duration::from_secs(10);
+        let start = tokio::time::Instant::now();
+        let wait = tokio::spawn({
+            let (store, arrivals) = (store.clone(), arrivals.clone());
+            async move {
+                let (before, written) = (Some("1".to_string()), Some("3".to_string()));
+                until_visible(&store, &arrivals, "ns", "a", before, written, within).await;
+                tokio::time::Instant::now()
+            }
+        });
+        tokio::task::yield_now().await;
+        assert_eq!(arrivals.len(), 1, "the wait is registered");
+        // Another object changes: the wait goes on.
+        send(watcher::Event::Apply(versioned("b", "2")));
+        tokio::task::yield_now().await;
+        assert!(!wait.is_finished());
+        send(watcher::Event::Apply(versioned("a", "3")));
+        let ended = wait.await.unwrap();
+        assert!(
+            ended - start < within,
+            "woken by the event, {:?} after it began",
+            ended - start
+        );
+        assert!(
+            arrivals.is_empty(),
+            "a finished wait is no longer registered"
+        );
+
+        // Nothing arrives: the wait ends at its deadline.
+        let before = Some("3".to_string());
+        until_visible(&store, &arrivals, "ns", "a", before, None, within).await;
+        assert_eq!(tokio::time::Instant::now() - ended, within);
+        assert!(arrivals.is_empty());
+    }
+
+    /// A wait is woken by a change of its object, and by a list replacing the cache (which
+    /// carries no event per object); not by a change of another object.
+    #[tokio::test]
+    async fn a_wait_is_woken_by_its_object_and_by_a_list_only() {
+        let arrivals = Arrivals::default();
+        let a = arrivals.watch("ns", "a");
+        let other_namespace = arrivals.watch("other", "a");
+        arrivals.arrived(Some(&versioned("b", "1").metadata));
+        arrivals.arrived(Some(&versioned("a", "1").metadata));
+        assert!(a.changed().now_or_never().is_some());
+        assert!(
+            a.changed().now_or_never().is_none(),
+            "one wake-up per event"
+        );
+        assert!(other_namespace.changed().now_or_never().is_none());
+        arrivals.arrived(None);
+        assert!(a.changed().now_or_never().is_some());
+        assert!(other_namespace.changed().now_or_never().is_some());
+        assert_eq!(arrivals.len(), 2);
+        drop(a);
+        assert_eq!(arrivals.len(), 1);
+    }
+
     /// Updates of a child that change nothing its record keeps reconcile nothing; any other
     /// change, and a deletion, does.
     #[tokio::test]
@@ -425,7 +620,13 @@ mod tests {
         let spec = serde_json::json!({"f:spec": {"f:replicas": {}}});
         let (watch, events) = mpsc::unbounded();
         let records = crate::compact::Records::default();
-        let passed = caching(events, &Relists::default(), records.writer(), |_| {});
+        let passed = caching(
+            events,
+            &Relists::default(),
+            records.arrivals(),
+            records.writer(),
+            |_| {},
+        );
         let send = |event| watch.unbounded_send(Ok(event)).unwrap();
         send(watcher::Event::Init);
         send(watcher::Event::InitDone);
@@ -479,7 +680,7 @@ mod tests {
         let (watch, events) = mpsc::unbounded();
         let relists = Relists::default();
         let (store, writer) = reflector::store();
-        let stream = caching(events, &relists, writer, |_| {});
+        let stream = caching(events, &relists, &Arrivals::default(), writer, |_| {});
         let seen: Seen = Arc::default();
         let controller = Controller::for_stream(stream.applied_objects(), store.clone())
             .reconcile_all_on(relists.listed_again());

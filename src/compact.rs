@@ -9,7 +9,7 @@
 //! read into a [`Compact`] (the metadata the controller routes by, and a [`Record`]), and the
 //! cache ([`Records`]) keeps the record alone, under one key string: ~0.2 KiB per object.
 
-use crate::cache::{StoreReady, Versions, Writes};
+use crate::cache::{Arrivals, StoreReady, Versions, Writes};
 use crate::fields::Owned;
 use internment::ArcIntern;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -284,6 +284,7 @@ impl Key {
 pub struct Records {
     objects: Arc<RwLock<HashMap<Key, Record>>>,
     listed: Arc<watch::Sender<bool>>,
+    arrivals: Arrivals,
 }
 
 impl Default for Records {
@@ -291,6 +292,7 @@ impl Default for Records {
         Records {
             objects: Arc::default(),
             listed: Arc::new(watch::Sender::new(false)),
+            arrivals: Arrivals::default(),
         }
     }
 }
@@ -303,6 +305,11 @@ impl Records {
 
     pub fn len(&self) -> usize {
         self.read().len()
+    }
+
+    /// The waits on this cache's objects, woken by the watch that fills it.
+    pub fn arrivals(&self) -> &Arrivals {
+        &self.arrivals
     }
 
     pub fn is_empty(&self) -> bool {
@@ -379,6 +386,10 @@ impl<K: Send + 'static> Writes<Compact<K>> for RecordsWriter {
 
 impl Versions for Records {
     type Key = Key;
+
+    fn key(namespace: &str, name: &str) -> Key {
+        Key::new(namespace, name)
+    }
 
     fn version(&self, key: &Key) -> Option<String> {
         self.read()

@@ -26,7 +26,7 @@ pub mod status;
 
 use crate::api::At;
 use crate::apply;
-use crate::cache::{self, CachesReady, Relists, Scope};
+use crate::cache::{self, Arrivals, CachesReady, Relists, Scope};
 use crate::events::Events;
 use crate::reconcile::{self, Error, Leadership, Shared};
 use crate::restricted::RunAs;
@@ -97,16 +97,20 @@ pub fn controller(
     run_as: RunAs,
 ) -> (Arc<Context>, Controller<At>, Controller<Pod>) {
     let relists = Relists::default();
+    // No reconcile of this controller waits for its writes to reach the caches.
+    let arrivals = Arrivals::default();
     let (ats, at_events) = cache::cached(
         scope.api::<At>(client.clone()),
         watcher::Config::default(),
         &relists,
+        &arrivals,
         |_, _| {},
     );
     let (pods, pod_events) = cache::cached(
         scope.api::<Pod>(client.clone()),
         watcher::Config::default().labels(&build::selector()),
         &relists,
+        &arrivals,
         |_, _| {},
     );
 

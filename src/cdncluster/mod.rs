@@ -9,8 +9,8 @@ pub mod status;
 
 use crate::api::CdnCluster;
 use crate::apply::{self, Change};
-use crate::cache::{self, CachesReady, Relists, Scope, Versions};
-use crate::compact::{Compact, Key, Record, Records};
+use crate::cache::{self, Arrivals, CachesReady, Relists, Scope, Versions};
+use crate::compact::{Compact, Record, Records};
 use crate::events::Events;
 use crate::reconcile::{self, Error, Leadership, Shared};
 use crate::restricted::RunAs;
@@ -42,6 +42,8 @@ pub const CONTROLLER: &str = "cdncluster";
 pub struct Context {
     pub shared: Shared,
     pub clusters: Store<CdnCluster>,
+    /// The waits on `clusters`, woken by the CdnCluster watch.
+    pub cluster_arrivals: Arrivals,
     /// Children are cached as [`Records`]: they are only compared and read for status.
     pub deployments: Records,
     pub config_maps: Records,
@@ -89,10 +91,12 @@ pub fn controller(
 
     let (parents_tx, parents_rx) = mpsc::unbounded_channel();
     let mut parents = Parents::default();
+    let cluster_arrivals = Arrivals::default();
     let (clusters, cluster_events) = cache::cached(
         scope.api::<CdnCluster>(client.clone()),
         watcher::Config::default(),
         &relists,
+        &cluster_arrivals,
         move |event, cache: &Store<CdnCluster>| {
             let old = match event {
                 watcher::Event::Apply(obj) | watcher::Event::Delete(obj) => {
@@ -134,6 +138,7 @@ pub fn controller(
             ..Shared::new(client, events, ready)
         },
         clusters,
+        cluster_arrivals,
         deployments,
         config_maps,
         services,
@@ -188,7 +193,8 @@ pub async fn reconcile(cluster: Arc<CdnCluster>, ctx: Arc<Context>) -> Result<Ac
     match apply::apply_status(&api, cluster.as_ref(), cluster.status.as_ref(), &status).await {
         Ok(Some(applied)) => written.wrote(
             &ctx.clusters,
-            ObjectRef::from_obj(cluster.as_ref()),
+            &ctx.cluster_arrivals,
+            (&namespace, &name),
             before,
             applied.resource_version(),
         ),
@@ -228,17 +234,25 @@ impl Written {
         }
     }
 
-    /// Notes a write of `key`, cached in `cache` at version `before`, answered with `after`.
+    /// Notes a write of `namespace/name`, cached in `cache` (whose waits are `arrivals`) at
+    /// version `before`, answered with `after`.
     fn wrote<C: Versions>(
         &mut self,
         cache: &C,
-        key: C::Key,
+        arrivals: &Arrivals,
+        (namespace, name): (&str, &str),
         before: Option<String>,
         after: Option<String>,
     ) {
-        let (store, within) = (cache.clone(), self.within);
+        let (store, arrivals, within) = (cache.clone(), arrivals.clone(), self.within);
+        let (namespace, name) = (namespace.to_string(), name.to_string());
         self.visible.push(
-            async move { cache::until_visible(&store, &key, before, after, within).await }.boxed(),
+            async move {
+                let (namespace, name) = (namespace.as_str(), name.as_str());
+                cache::until_visible(&store, &arrivals, namespace, name, before, after, within)
+                    .await
+            }
+            .boxed(),
         );
     }
 
@@ -266,7 +280,8 @@ impl Written {
         let before = observed.as_ref().map(|o| o.version.to_string());
         self.wrote(
             cache,
-            Key::new(namespace, &applied.name_any()),
+            cache.arrivals(),
+            (namespace, &applied.name_any()),
             before,
             applied.resource_version(),
         );

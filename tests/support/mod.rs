@@ -321,6 +321,7 @@ impl FakeApi {
         Arc::new(Context {
             shared: Shared::new(self.client.clone(), events, CachesReady::already()),
             clusters: self.store().await,
+            cluster_arrivals: Default::default(),
             deployments: self.records::<Deployment>().await,
             config_maps: self.records::<ConfigMap>().await,
             services: self.records::<Service>().await,
