@@ -26,7 +26,14 @@ use std::time::Duration;
 
 /// Runs the operator; any failure is one line on stderr and a non-zero exit.
 pub fn main(args: Args) -> ExitCode {
-    let runtime = match tokio::runtime::Runtime::new() {
+    // One thread: the operator waits on the API server far more than it computes (at most a
+    // tenth of a core), and with a thread per core each wake-up crossed threads. Measured on a
+    // real server at 1,000 CdnClusters: context switches took 13.6 % of its CPU with two
+    // threads, 7.4 % with one.
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(error) => return crate::fail(&format!("cannot start the async runtime: {error}")),
     };
