@@ -125,11 +125,13 @@ impl Arrivals {
     }
 
     /// How many waits are under way.
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    fn len(&self) -> usize {
         self.lock().len()
     }
 
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
@@ -306,23 +308,24 @@ where
                     observe(event);
                     let changed = cache.write(event);
                     match event {
-                        watcher::Event::Apply(obj) | watcher::Event::Delete(obj) => {
-                            arrivals.arrived(Some(obj.meta()))
+                        watcher::Event::Apply(obj) => {
+                            arrivals.arrived(Some(obj.meta()));
+                            changed
                         }
-                        watcher::Event::InitDone => arrivals.arrived(None),
-                        _ => {}
-                    }
-                    match event {
-                        watcher::Event::Apply(_) => changed,
+                        watcher::Event::Delete(obj) => {
+                            arrivals.arrived(Some(obj.meta()));
+                            true
+                        }
                         watcher::Event::InitApply(_) => !listed_once,
                         watcher::Event::InitDone => {
+                            arrivals.arrived(None);
                             if listed_once {
                                 relists.tell();
                             }
                             listed_once = true;
                             true
                         }
-                        _ => true,
+                        watcher::Event::Init => true,
                     }
                 }
             };
