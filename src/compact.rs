@@ -10,12 +10,12 @@
 //! cache ([`Records`]) keeps the record alone, under one key string: ~0.2 KiB per object.
 
 use crate::cache::{Arrivals, StoreReady, Versions, Writes};
-use crate::fields::Owned;
+use crate::fields::{Owned, Text};
 use internment::ArcIntern;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::runtime::watcher;
 use kube::Resource;
-use serde::de::DeserializeOwned;
+use serde::de::{DeserializeOwned, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -129,35 +129,127 @@ impl<K> Compact<K> {
     }
 }
 
-/// The fields the manager `cdn-operator` applied to the main resource, from managedFields.
-fn operator_fields(metadata: &ObjectMeta) -> Option<ArcIntern<Owned>> {
-    metadata
-        .managed_fields
-        .as_ref()?
-        .iter()
-        .find(|entry| {
-            entry.manager.as_deref() == Some(crate::apply::FIELD_MANAGER)
-                && entry.operation.as_deref() == Some("Apply")
-                && entry.subresource.as_deref().unwrap_or_default().is_empty()
-        })
-        .and_then(|entry| entry.fields_v1.as_ref())
-        .map(|fields| ArcIntern::new(Owned::of(&fields.0)))
+/// What [`Compact`] reads of an object's metadata, straight from the watch's bytes: nothing
+/// else of it is built (labels, uid, timestamps, the other annotations, other managers' fields).
+#[derive(Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Meta {
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    namespace: Option<String>,
+    #[serde(default)]
+    resource_version: Option<String>,
+    #[serde(default)]
+    generation: Option<i64>,
+    #[serde(default, rename = "annotations")]
+    applied_hash: Option<AppliedHash>,
+    /// The controller among them routes an event (which object to reconcile when this changes).
+    #[serde(default)]
+    owner_references: Option<Vec<OwnerReference>>,
+    #[serde(default, rename = "managedFields")]
+    operator_fields: Option<OperatorFields>,
 }
 
-/// The metadata a controller routes an event by: the key, the version, and the controller
-/// (which object to reconcile when this one changes). The rest (labels, uid, timestamps,
-/// annotations: the applied hash is in the record) is dropped.
-fn routed(metadata: ObjectMeta) -> ObjectMeta {
-    ObjectMeta {
-        name: metadata.name,
-        namespace: metadata.namespace,
-        resource_version: metadata.resource_version,
-        owner_references: metadata.owner_references.map(|refs| {
-            refs.into_iter()
-                .filter(|r| r.controller == Some(true))
-                .collect()
-        }),
-        ..ObjectMeta::default()
+/// The applied-hash annotation, read out of the annotations.
+struct AppliedHash(Option<NonZeroU64>);
+
+impl<'de> Deserialize<'de> for AppliedHash {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Annotations;
+        impl<'de> Visitor<'de> for Annotations {
+            type Value = AppliedHash;
+
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("annotations")
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<AppliedHash, A::Error> {
+                let mut hash = None;
+                while let Some(key) = map.next_key::<Text<'de>>()? {
+                    if key.0 == crate::apply::APPLIED_HASH_ANNOTATION {
+                        hash = map.next_value::<Text<'de>>().map(|h| parse_hash(&h.0))?;
+                    } else {
+                        map.next_value::<IgnoredAny>()?;
+                    }
+                }
+                Ok(AppliedHash(hash))
+            }
+        }
+        deserializer.deserialize_map(Annotations)
+    }
+}
+
+/// The fields the manager `cdn-operator` applied to the main resource, read out of
+/// managedFields (its first such entry).
+struct OperatorFields(Option<Owned>);
+
+impl<'de> Deserialize<'de> for OperatorFields {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Entries;
+        impl<'de> Visitor<'de> for Entries {
+            type Value = OperatorFields;
+
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("managedFields")
+            }
+
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<OperatorFields, A::Error> {
+                let mut found = None;
+                while let Some(Entry(fields)) = seq.next_element()? {
+                    found = found.or(fields);
+                }
+                Ok(OperatorFields(found))
+            }
+        }
+        deserializer.deserialize_seq(Entries)
+    }
+}
+
+/// One managedFields entry: its fields if it is the operator's apply to the main resource.
+struct Entry(Option<Owned>);
+
+impl<'de> Deserialize<'de> for Entry {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Fields;
+        impl<'de> Visitor<'de> for Fields {
+            type Value = Entry;
+
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a managedFields entry")
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Entry, A::Error> {
+                let is = |value: Option<Text>, wanted: &str| value.is_some_and(|v| v.0 == wanted);
+                let (mut manager, mut operation) = (None, None);
+                let mut main_resource = true;
+                let mut fields = None;
+                while let Some(key) = map.next_key::<Text<'de>>()? {
+                    match &*key.0 {
+                        "manager" => {
+                            manager = Some(is(map.next_value()?, crate::apply::FIELD_MANAGER))
+                        }
+                        "operation" => operation = Some(is(map.next_value()?, "Apply")),
+                        "subresource" => {
+                            main_resource = map
+                                .next_value::<Option<Text>>()?
+                                .is_none_or(|s| s.0.is_empty())
+                        }
+                        // The server writes fieldsV1 after the manager and operation: another
+                        // manager's fields are skipped unread.
+                        "fieldsV1" if manager != Some(false) && operation != Some(false) => {
+                            fields = map.next_value::<Option<Owned>>()?
+                        }
+                        _ => {
+                            map.next_value::<IgnoredAny>()?;
+                        }
+                    }
+                }
+                let ours = manager == Some(true) && operation == Some(true) && main_resource;
+                Ok(Entry(fields.filter(|_| ours)))
+            }
+        }
+        deserializer.deserialize_map(Fields)
     }
 }
 
@@ -166,7 +258,7 @@ impl<'de, K> Deserialize<'de> for Compact<K> {
         #[derive(Deserialize)]
         struct Parts {
             #[serde(default)]
-            metadata: ObjectMeta,
+            metadata: Meta,
             /// Counts only: the rest of any status is skipped as it is read.
             #[serde(default)]
             status: Option<Rollout>,
@@ -181,16 +273,26 @@ impl<'de, K> Deserialize<'de> for Compact<K> {
                 .unwrap_or_default()
                 .into(),
             generation: metadata.generation.and_then(NonZeroI64::new),
-            applied_hash: metadata
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get(crate::apply::APPLIED_HASH_ANNOTATION))
-                .and_then(|h| parse_hash(h)),
-            owned: operator_fields(&metadata),
+            applied_hash: metadata.applied_hash.and_then(|h| h.0),
+            owned: metadata
+                .operator_fields
+                .and_then(|f| f.0)
+                .map(ArcIntern::new),
             rollout,
         };
+        let metadata = ObjectMeta {
+            name: metadata.name,
+            namespace: metadata.namespace,
+            resource_version: metadata.resource_version,
+            owner_references: metadata.owner_references.map(|refs| {
+                refs.into_iter()
+                    .filter(|r| r.controller == Some(true))
+                    .collect()
+            }),
+            ..ObjectMeta::default()
+        };
         Ok(Compact {
-            metadata: routed(metadata),
+            metadata,
             record,
             kind: PhantomData,
         })
@@ -500,6 +602,59 @@ mod tests {
         assert_eq!(typed.metadata.generation, Some(3));
         assert_eq!(typed.metadata.name.as_deref(), Some("a"));
         assert_eq!(typed.spec, None, "the spec is not kept");
+    }
+
+    #[test]
+    fn reads_the_operators_apply_from_an_event_as_the_server_writes_it() {
+        // Keys in the server's order: an entry's manager and operation before its fields.
+        let event = r#"{"kind": "Deployment", "apiVersion": "apps/v1", "metadata": {
+            "name": "a", "namespace": "n", "uid": "u", "resourceVersion": "9", "generation": 2,
+            "labels": {"app": "a"},
+            "annotations": {"deployment.kubernetes.io/revision": "1",
+                "cdn-operator.anevia.com/applied-hash": "0123456789abcdef"},
+            "ownerReferences": [{"apiVersion": "v1", "kind": "K", "name": "o", "uid": "u1",
+                "controller": true}],
+            "managedFields": [
+                {"manager": "kubectl", "operation": "Update", "apiVersion": "apps/v1",
+                 "time": "2026-11-24T11:04:00Z", "fieldsType": "FieldsV1",
+                 "fieldsV1": {"f:spec": {"f:paused": {}}}},
+                {"manager": "cdn-operator", "operation": "Apply", "apiVersion": "apps/v1",
+                 "time": "2026-11-24T11:04:00Z", "fieldsType": "FieldsV1",
+                 "fieldsV1": {"f:spec": {"f:replicas": {}}}},
+                {"manager": "cdn-operator", "operation": "Apply", "apiVersion": "apps/v1",
+                 "time": "2026-11-24T11:04:00Z", "fieldsType": "FieldsV1",
+                 "fieldsV1": {"f:status": {"f:x": {}}}, "subresource": "status"},
+                {"manager": "cdn-operator", "operation": "Update", "apiVersion": "apps/v1",
+                 "time": "2026-11-24T11:04:00Z", "fieldsType": "FieldsV1",
+                 "fieldsV1": {"f:spec": {"f:minReadySeconds": {}}}}]},
+            "spec": {"replicas": 1, "template": {"spec": {"containers": []}}},
+            "status": {"observedGeneration": 2, "replicas": 1, "conditions": [{"type": "A"}]}}"#;
+        let compact: Compact<Deployment> = serde_json::from_str(event).unwrap();
+        let record = &compact.record;
+        assert_eq!(
+            record.owned.as_deref(),
+            Some(&Owned::of(&json!({"f:spec": {"f:replicas": {}}}))),
+            "the operator's apply to the main resource, not its status nor an update"
+        );
+        assert!(record.applied_hash_is("0123456789abcdef"));
+        assert_eq!(
+            (&*record.version, record.generation),
+            ("9", NonZeroI64::new(2))
+        );
+        let rollout = record.rollout.as_deref().unwrap();
+        assert_eq!(
+            (rollout.observed_generation, rollout.replicas),
+            (Some(2), Some(1))
+        );
+        assert_eq!(compact.metadata.namespace.as_deref(), Some("n"));
+        assert_eq!(compact.metadata.owner_references.unwrap()[0].uid, "u1");
+
+        // Nulls where the server may omit a field read as its absence.
+        let sparse = r#"{"metadata": {"name": "a", "annotations": null, "managedFields": null,
+            "ownerReferences": null}, "status": null}"#;
+        let compact: Compact<Deployment> = serde_json::from_str(sparse).unwrap();
+        assert_eq!(compact.record, Record::default());
+        assert_eq!(compact.metadata.name.as_deref(), Some("a"));
     }
 
     #[test]

@@ -8,7 +8,11 @@
 //! server does to the value, until another manager changes or removes it: exactly the drift that
 //! needs a new apply.
 
+use serde::de::{DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::{Deserialize, Deserializer};
 use serde_json::{Map, Value};
+use std::borrow::Cow;
+use std::fmt;
 use std::hash::{DefaultHasher, Hash, Hasher};
 
 /// The fields one manager owns, kept compact for a cache: the hash of each path of its
@@ -33,40 +37,10 @@ fn step(parent: u64, prefix: &str, name: &str) -> u64 {
 }
 
 impl Owned {
-    /// The fields of a `fieldsV1` tree (`{"f:spec": {"f:replicas": {}}, ...}`).
+    /// The fields of a `fieldsV1` tree (`{"f:spec": {"f:replicas": {}}, ...}`); none for
+    /// anything but a map.
     pub fn of(fields_v1: &Value) -> Owned {
-        fn walk(tree: &Map<String, Value>, path: u64, nodes: &mut Vec<u64>, leaves: &mut Vec<u64>) {
-            for (element, child) in tree {
-                // "." marks the list element or map itself; its fields are listed beside it.
-                // Every other element is a two-character prefix and a name (`f:spec`).
-                if element == "." || element.len() < 2 || !element.is_char_boundary(2) {
-                    continue;
-                }
-                let (prefix, name) = element.split_at(2);
-                let name = if prefix == "k:" && is_uid_alone(name) {
-                    ANY_UID
-                } else {
-                    name
-                };
-                let here = step(path, prefix, name);
-                nodes.push(here);
-                match child.as_object() {
-                    Some(sub) if sub.keys().any(|k| k != ".") => walk(sub, here, nodes, leaves),
-                    _ => leaves.push(here),
-                }
-            }
-        }
-        let (mut nodes, mut leaves) = (Vec::new(), Vec::new());
-        if let Some(tree) = fields_v1.as_object() {
-            walk(tree, ROOT, &mut nodes, &mut leaves);
-        }
-        nodes.sort_unstable();
-        nodes.dedup();
-        leaves.sort_unstable();
-        Owned {
-            nodes: nodes.into(),
-            leaves: leaves.into(),
-        }
+        Owned::deserialize(fields_v1).unwrap_or_default()
     }
 
     /// Whether every field an apply of `object` would own is owned here. Server-managed metadata,
@@ -121,6 +95,153 @@ impl Owned {
             // A scalar, or an empty map or list: a leaf, present above.
             _ => true,
         }
+    }
+}
+
+/// Read straight from the watch's bytes: a `fieldsV1` tree has a map per field, and building
+/// them (as a `serde_json::Value`) only to hash their paths was most of the cost of reading a
+/// child's event.
+impl<'de> Deserialize<'de> for Owned {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let (mut nodes, mut leaves) = (Vec::new(), Vec::new());
+        deserializer.deserialize_any(Walk {
+            path: ROOT,
+            nodes: &mut nodes,
+            leaves: &mut leaves,
+        })?;
+        nodes.sort_unstable();
+        nodes.dedup();
+        leaves.sort_unstable();
+        Ok(Owned {
+            nodes: nodes.into(),
+            leaves: leaves.into(),
+        })
+    }
+}
+
+/// One element of a `fieldsV1` tree at `path`: a map of the elements below it, or anything
+/// else (a leaf). The root is no field, hence never a leaf.
+struct Walk<'a> {
+    path: u64,
+    nodes: &'a mut Vec<u64>,
+    leaves: &'a mut Vec<u64>,
+}
+
+impl Walk<'_> {
+    fn leaf(self) {
+        if self.path != ROOT {
+            self.leaves.push(self.path);
+        }
+    }
+}
+
+impl<'de> DeserializeSeed<'de> for Walk<'_> {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Walk<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a fieldsV1 tree")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        let mut below = false;
+        while let Some(element) = map.next_key::<Text<'de>>()? {
+            let element: &str = &element.0;
+            // "." marks the list element or map itself; its fields are listed beside it.
+            // Every other element is a two-character prefix and a name (`f:spec`).
+            below |= element != ".";
+            if element == "." || element.len() < 2 || !element.is_char_boundary(2) {
+                map.next_value::<IgnoredAny>()?;
+                continue;
+            }
+            let (prefix, name) = element.split_at(2);
+            let name = if prefix == "k:" && is_uid_alone(name) {
+                ANY_UID
+            } else {
+                name
+            };
+            let here = step(self.path, prefix, name);
+            self.nodes.push(here);
+            map.next_value_seed(Walk {
+                path: here,
+                nodes: self.nodes,
+                leaves: self.leaves,
+            })?;
+        }
+        if !below {
+            self.leaf();
+        }
+        Ok(())
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        self.leaf();
+        Ok(())
+    }
+
+    fn visit_unit<E: serde::de::Error>(self) -> Result<(), E> {
+        self.leaf();
+        Ok(())
+    }
+
+    fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<(), E> {
+        self.visit_unit()
+    }
+
+    fn visit_i64<E: serde::de::Error>(self, _: i64) -> Result<(), E> {
+        self.visit_unit()
+    }
+
+    fn visit_u64<E: serde::de::Error>(self, _: u64) -> Result<(), E> {
+        self.visit_unit()
+    }
+
+    fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<(), E> {
+        self.visit_unit()
+    }
+
+    fn visit_str<E: serde::de::Error>(self, _: &str) -> Result<(), E> {
+        self.visit_unit()
+    }
+}
+
+/// A string borrowed from the input when it can be (no escapes), owned otherwise.
+pub(crate) struct Text<'de>(pub(crate) Cow<'de, str>);
+
+impl<'de> Deserialize<'de> for Text<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct TextVisitor;
+        impl<'de> Visitor<'de> for TextVisitor {
+            type Value = Text<'de>;
+
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a string")
+            }
+
+            fn visit_borrowed_str<E: serde::de::Error>(
+                self,
+                text: &'de str,
+            ) -> Result<Text<'de>, E> {
+                Ok(Text(Cow::Borrowed(text)))
+            }
+
+            fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<Text<'de>, E> {
+                Ok(Text(Cow::Owned(text.to_owned())))
+            }
+
+            fn visit_string<E: serde::de::Error>(self, text: String) -> Result<Text<'de>, E> {
+                Ok(Text(Cow::Owned(text)))
+            }
+        }
+        deserializer.deserialize_str(TextVisitor)
     }
 }
 
@@ -294,6 +415,28 @@ mod tests {
         let atomic = json!({"f:metadata": {"f:labels": {"f:app": {}}, "f:ownerReferences": {}},
             "f:spec": {"f:replicas": {}, "f:template": {"f:spec": {"f:containers": {}}}}});
         assert!(Owned::of(&atomic).covers(&deployment()));
+    }
+
+    #[test]
+    fn read_from_bytes_or_from_a_value_alike() {
+        let fields = deployment_fields();
+        let from_bytes: Owned = serde_json::from_str(&fields.to_string()).unwrap();
+        assert_eq!(from_bytes, Owned::of(&fields));
+        assert!(from_bytes.covers(&deployment()));
+        // Anything but a map below a field is a leaf, as `{}` is; anything but a map at the
+        // top owns nothing (the server never writes either).
+        let odd = json!({"f:spec": {"f:replicas": null, "f:paused": [1], "f:x": "y", ".": {}}});
+        let owned: Owned = serde_json::from_str(&odd.to_string()).unwrap();
+        assert_eq!(owned, Owned::of(&odd));
+        assert!(owned.covers(&json!({"spec": {"replicas": 1, "paused": true, "x": {"y": 1}}})));
+        assert!(!owned.covers(&json!({"spec": {"minReadySeconds": 1}})));
+        for top in ["null", "[]", "1", "\"f:spec\""] {
+            assert_eq!(
+                serde_json::from_str::<Owned>(top).unwrap(),
+                Owned::default()
+            );
+        }
+        assert!(serde_json::from_str::<Owned>("{\"f:spec\": ").is_err());
     }
 
     #[test]

@@ -13,8 +13,10 @@ use cdn_operator::apply::{self, Change};
 use cdn_operator::cdncluster::{self, build, sources};
 use cdn_operator::compact::Compact;
 use cdn_operator::events::Events;
+use cdn_operator::fields::Owned;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::core::v1::{ConfigMap, Service};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::FieldsV1;
 
 use kube::runtime::controller::Action;
 use kube::ResourceExt;
@@ -26,13 +28,21 @@ mod support;
 
 const CLUSTERS: [&str; 3] = ["balancer", "cache-live", "cache-vod"];
 
-fn fixture(name: &str) -> Value {
+fn fixture_text(name: &str) -> String {
     let path = format!(
         "{}/tests/fixtures/real-server/{name}.json",
         env!("CARGO_MANIFEST_DIR")
     );
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
-    serde_json::from_str(&text).expect("JSON")
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+fn fixture(name: &str) -> Value {
+    serde_json::from_str(&fixture_text(name)).expect("JSON")
+}
+
+/// The cached form of a child, read from its bytes as the watch reads them.
+fn compact<K>(name: &str) -> Compact<K> {
+    serde_json::from_str(&fixture_text(name)).expect("a Kubernetes object")
 }
 
 fn typed<K: DeserializeOwned>(name: &str) -> K {
@@ -59,10 +69,107 @@ fn change<K>(mut desired: K, observed: &str) -> Option<Change>
 where
     K: kube::Resource + serde::Serialize + DeserializeOwned,
 {
-    apply::change(
-        &mut desired,
-        Some(&Compact::of(&typed::<K>(observed)).record),
-    )
+    apply::change(&mut desired, Some(&compact::<K>(observed).record))
+}
+
+/// What the cache reads of a child without building its metadata, as read from the whole typed
+/// object: its version, generation, applied hash, controller, and the fields of the operator's
+/// apply (whatever the order of an entry's keys: kubectl sorts them, the server's watch does not).
+fn read_alike<K>(name: &str)
+where
+    K: kube::Resource<DynamicType = ()> + DeserializeOwned,
+{
+    let object: K = typed(name);
+    let meta = object.meta();
+    let cached = compact::<K>(name);
+    let record = &cached.record;
+    assert_eq!(
+        Some(&*record.version),
+        meta.resource_version.as_deref(),
+        "{name}"
+    );
+    assert_eq!(
+        record.generation.map(|g| g.get()),
+        meta.generation,
+        "{name}"
+    );
+    let hash = &meta.annotations.as_ref().unwrap()[apply::APPLIED_HASH_ANNOTATION];
+    assert!(record.applied_hash_is(hash), "{name}");
+    let entry = meta
+        .managed_fields
+        .iter()
+        .flatten()
+        .find(|e| {
+            e.manager.as_deref() == Some(apply::FIELD_MANAGER)
+                && e.operation.as_deref() == Some("Apply")
+                && e.subresource.is_none()
+        })
+        .expect("the operator's apply");
+    let owned = Owned::of(&entry.fields_v1.as_ref().unwrap().0);
+    assert_eq!(record.owned.as_deref(), Some(&owned), "{name}");
+    let controller = meta
+        .owner_references
+        .iter()
+        .flatten()
+        .filter(|r| r.controller == Some(true));
+    assert!(
+        cached
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .eq(controller),
+        "{name}"
+    );
+    assert_eq!(cached.metadata.name, meta.name);
+    assert_eq!(cached.metadata.namespace, meta.namespace);
+
+    // The server's watch writes an entry's manager and operation before its fields (the
+    // fixtures, from kubectl, have its keys sorted): that order read alike.
+    #[derive(serde::Serialize)]
+    #[serde(rename_all = "camelCase")]
+    struct WireEntry<'a> {
+        manager: &'a Option<String>,
+        operation: &'a Option<String>,
+        api_version: &'a Option<String>,
+        fields_type: &'a Option<String>,
+        fields_v1: &'a Option<FieldsV1>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        subresource: &'a Option<String>,
+    }
+    let entries: Vec<WireEntry> = meta
+        .managed_fields
+        .iter()
+        .flatten()
+        .map(|e| WireEntry {
+            manager: &e.manager,
+            operation: &e.operation,
+            api_version: &e.api_version,
+            fields_type: &e.fields_type,
+            fields_v1: &e.fields_v1,
+            subresource: &e.subresource,
+        })
+        .collect();
+    let mut wire = fixture(name);
+    wire["metadata"]["managedFields"] = "@entries@".into();
+    let text = serde_json::to_string(&wire)
+        .unwrap()
+        .replace("\"@entries@\"", &serde_json::to_string(&entries).unwrap());
+    assert!(text.contains("{\"manager\":\"cdn-operator\",\"operation\":\"Apply\""));
+    let from_wire: Compact<K> = serde_json::from_str(&text).unwrap();
+    assert_eq!(from_wire.record, *record, "{name}");
+}
+
+#[test]
+fn the_cache_reads_of_a_child_what_the_whole_object_holds() {
+    for name in CLUSTERS {
+        read_alike::<Deployment>(&format!("deployment-{name}"));
+        read_alike::<ConfigMap>(&format!("configmap-{name}"));
+        read_alike::<Service>(&format!("service-{name}"));
+    }
+    read_alike::<Deployment>("deployment-cache-vod-edited");
+    read_alike::<Deployment>("deployment-cache-live-scaled");
+    read_alike::<ConfigMap>("configmap-cache-vod-edited");
 }
 
 #[test]
