@@ -65,14 +65,17 @@ where
     }
 }
 
-/// Applies `desired` if [`change`] says it is needed. Returns why, with the server's answer.
-pub async fn apply<K>(
-    api: &Api<K>,
+/// Applies `desired` if [`change`] says it is needed. Returns why, with the server's answer read
+/// as `R`: the object itself, or only what a cache reads of it
+/// ([`crate::compact::Compact`]), which spares building the whole object to drop it.
+pub async fn apply<K, R>(
+    api: &Api<R>,
     mut desired: K,
     observed: Option<&Record>,
-) -> kube::Result<Option<(Change, K)>>
+) -> kube::Result<Option<(Change, R)>>
 where
-    K: Resource + Serialize + DeserializeOwned + Clone + Debug,
+    K: Resource + Serialize + Debug,
+    R: Resource + DeserializeOwned + Clone + Debug,
 {
     let Some(change) = change(&mut desired, observed) else {
         return Ok(None);
@@ -95,15 +98,17 @@ where
 }
 
 /// Applies `status` to the status subresource of `object` unless its current status equals it.
-/// The operator alone writes status, so equality is the test.
-pub async fn apply_status<K, S>(
-    api: &Api<K>,
+/// The operator alone writes status, so equality is the test. The server's answer is read as `R`
+/// (see [`apply`]).
+pub async fn apply_status<K, R, S>(
+    api: &Api<R>,
     object: &K,
     current: Option<&S>,
     status: &S,
-) -> kube::Result<Option<K>>
+) -> kube::Result<Option<R>>
 where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug,
+    K: Resource<DynamicType = ()>,
+    R: Resource + Clone + DeserializeOwned + Debug,
     S: Serialize + PartialEq,
 {
     if current == Some(status) {

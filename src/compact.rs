@@ -109,9 +109,9 @@ impl Record {
     }
 }
 
-/// An object of kind `K` as a watch delivers it to the cache: the metadata a controller routes
-/// by (name, namespace, version, controller owner) and its [`Record`]. Transient: [`Records`]
-/// keeps the record only.
+/// An object of kind `K` as a watch delivers it to the cache, or as the server answers a write:
+/// the metadata a controller routes by (name, namespace, uid, version, controller owner) and its
+/// [`Record`]. Transient: [`Records`] keeps the record only.
 pub struct Compact<K> {
     pub metadata: ObjectMeta,
     pub record: Record,
@@ -130,7 +130,7 @@ impl<K> Compact<K> {
 }
 
 /// What [`Compact`] reads of an object's metadata, straight from the watch's bytes: nothing
-/// else of it is built (labels, uid, timestamps, the other annotations, other managers' fields).
+/// else of it is built (labels, timestamps, the other annotations, other managers' fields).
 #[derive(Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct Meta {
@@ -138,6 +138,9 @@ struct Meta {
     name: Option<String>,
     #[serde(default)]
     namespace: Option<String>,
+    /// An Event about a child names it by its uid too.
+    #[serde(default)]
+    uid: Option<String>,
     #[serde(default)]
     resource_version: Option<String>,
     #[serde(default)]
@@ -283,6 +286,7 @@ impl<'de, K> Deserialize<'de> for Compact<K> {
         let metadata = ObjectMeta {
             name: metadata.name,
             namespace: metadata.namespace,
+            uid: metadata.uid,
             resource_version: metadata.resource_version,
             owner_references: metadata.owner_references.map(|refs| {
                 refs.into_iter()
@@ -578,7 +582,11 @@ mod tests {
         assert_eq!(compact.metadata.name.as_deref(), Some("a"));
         assert_eq!(compact.metadata.managed_fields, None);
         assert_eq!(compact.metadata.labels, None, "labels are not read");
-        assert_eq!(compact.metadata.uid, None, "nor is the uid");
+        assert_eq!(
+            compact.metadata.uid.as_deref(),
+            Some("uid-a"),
+            "an Event about a child names it by its uid"
+        );
         assert_eq!(
             compact.metadata.annotations, None,
             "the applied hash is read into the record; no annotation is kept"

@@ -14,6 +14,7 @@ use cdn_operator::runtime::metrics::Metrics;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::watcher;
@@ -296,6 +297,41 @@ async fn a_hand_edit_of_an_owned_field_is_reverted() {
     assert_eq!(
         reasons,
         ["DeploymentCreated", "ChildRestored", "ChildRestored"]
+    );
+    // Each names its child as the server answered the write: kind, name and uid.
+    let mut related: Vec<_> = c
+        .api::<Event>()
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("ChildRestored"))
+        .map(|e| {
+            let r = e.related.unwrap();
+            (r.kind.unwrap(), r.name.unwrap(), r.uid)
+        })
+        .collect();
+    related.sort();
+    let uid = |meta: ObjectMeta| meta.uid;
+    let deployment = c.deployment("foo").await.unwrap().metadata;
+    let config_map = c
+        .api::<ConfigMap>()
+        .get("foo-nginx")
+        .await
+        .unwrap()
+        .metadata;
+    assert!(deployment.uid.is_some());
+    assert_eq!(
+        related,
+        [
+            ("ConfigMap".into(), "foo-nginx".into(), uid(config_map)),
+            (
+                "Deployment".into(),
+                "foo-deployment".into(),
+                uid(deployment)
+            ),
+        ]
     );
 }
 

@@ -188,7 +188,7 @@ pub async fn reconcile(cluster: Arc<CdnCluster>, ctx: Arc<Context>) -> Result<Ac
     let status = status::desired(&cluster, observed, &now);
     let notices = status::notices(&cluster, &status, &observed, &written.changes);
 
-    let api: Api<CdnCluster> = Api::namespaced(ctx.shared.client.clone(), &namespace);
+    let api: Api<Compact<CdnCluster>> = Api::namespaced(ctx.shared.client.clone(), &namespace);
     let before = cluster.resource_version();
     match apply::apply_status(&api, cluster.as_ref(), cluster.status.as_ref(), &status).await {
         Ok(Some(applied)) => written.wrote(
@@ -269,7 +269,7 @@ impl Written {
         cache: &Records,
         namespace: &str,
         (observed, applied): ChildApplied<K>,
-    ) -> (Option<Record>, Option<K>) {
+    ) -> (Option<Record>, Option<Compact<K>>) {
         let Some((change, applied)) = applied else {
             return (observed, None);
         };
@@ -316,12 +316,13 @@ async fn apply_children(
     let name = deployment.name_any();
     let deployment = apply_child(ctx, namespace, &ctx.deployments, deployment).await?;
     let (observed, applied) = written.child(&ctx.deployments, namespace, deployment);
-    Ok(applied.or_else(|| observed.and_then(|d| d.typed(&name).ok())))
+    let last_known = applied.map(|a| a.record).or(observed);
+    Ok(last_known.and_then(|d| d.typed(&name).ok()))
 }
 
 /// What [`apply_child`] found and did: the child's cached copy, and the change and the server's
-/// answer if a request was sent.
-type ChildApplied<K> = (Option<Record>, Option<(Change, K)>);
+/// answer (what the cache reads of it) if a request was sent.
+type ChildApplied<K> = (Option<Record>, Option<(Change, Compact<K>)>);
 
 /// Applies one child if needed.
 async fn apply_child<K>(
@@ -339,7 +340,7 @@ where
 {
     let name = desired.name_any();
     let observed = cache.get(namespace, &name);
-    let api: Api<K> = Api::namespaced(ctx.shared.client.clone(), namespace);
+    let api: Api<Compact<K>> = Api::namespaced(ctx.shared.client.clone(), namespace);
     let applied = apply::apply(&api, desired, observed.as_ref())
         .await
         .map_err(|source| Error::ApplyChild {
