@@ -84,14 +84,20 @@ impl Cluster {
             .unwrap()
     }
 
-    /// Every Event about `name`, as (reason, note), in publication order.
-    async fn events(&self, name: &str) -> Vec<(String, String)> {
-        let mut events: Vec<Event> = self
-            .api::<Event>()
+    /// Every Event published.
+    async fn all_events(&self) -> Vec<Event> {
+        self.api::<Event>()
             .list(&ListParams::default())
             .await
             .unwrap()
             .items
+    }
+
+    /// Every Event about `name`, as (reason, note), in publication order.
+    async fn events(&self, name: &str) -> Vec<(String, String)> {
+        let mut events: Vec<Event> = self
+            .all_events()
+            .await
             .into_iter()
             .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
             .collect();
@@ -300,11 +306,8 @@ async fn a_hand_edit_of_an_owned_field_is_reverted() {
     );
     // Each names its child as the server answered the write: kind, name and uid.
     let mut related: Vec<_> = c
-        .api::<Event>()
-        .list(&ListParams::default())
+        .all_events()
         .await
-        .unwrap()
-        .items
         .into_iter()
         .filter(|e| e.reason.as_deref() == Some("ChildRestored"))
         .map(|e| {
