@@ -25,7 +25,7 @@ use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Client, Config, Resource, ResourceExt};
@@ -212,6 +212,39 @@ async fn await_earlier_runs_gone(client: &Client, limit: Duration) -> Result<(),
             ));
         }
         eprintln!("bench: waiting for {left} namespaces of earlier runs to be deleted");
+        tokio::time::sleep(Duration::from_secs(5)).await;
+    }
+}
+
+/// Deletes the namespaces `names` and waits until they are gone.
+async fn delete_namespaces(
+    client: &Client,
+    names: &[String],
+    limit: Duration,
+) -> Result<(), String> {
+    let api: Api<Namespace> = Api::all(client.clone());
+    for name in names {
+        api.delete(name, &DeleteParams::background())
+            .await
+            .map_err(|e| format!("cannot delete namespace {name}: {e}"))?;
+    }
+    let deadline = Instant::now() + limit;
+    loop {
+        let mut left = 0;
+        for name in names {
+            let found = api
+                .get_metadata_opt(name)
+                .await
+                .map_err(|e| format!("cannot read namespace {name}: {e}"))?;
+            left += usize::from(found.is_some());
+        }
+        if left == 0 {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(format!("{left} namespaces still there after {limit:?}"));
+        }
+        eprintln!("bench: waiting for {left} namespaces to be deleted");
         tokio::time::sleep(Duration::from_secs(5)).await;
     }
 }
@@ -472,7 +505,17 @@ async fn main() -> ExitCode {
     let exit = operator.exit_within(Duration::from_secs(30)).await;
     drop(operator);
 
-    // 4. Baseline: the same applies from one client, no operator running.
+    // 4. Baseline: the same applies from one client, no operator running, on the server as the
+    // operator found it: the operator's objects are deleted first (kept with --keep), as they
+    // would weigh on the server the baseline measures.
+    if !args.keep {
+        eprintln!("bench: deleting the operator's namespaces before the baseline");
+        let limit = Duration::from_secs(args.timeout_seconds);
+        if let Err(error) = delete_namespaces(&client, &namespaces, limit).await {
+            eprintln!("bench: {error}");
+            return ExitCode::FAILURE;
+        }
+    }
     eprintln!("bench: baseline");
     create_namespaces(&client, &baseline_namespaces, &run).await;
     let baseline_manifests: Vec<CdnCluster> = (0..n)
