@@ -15,7 +15,7 @@ use internment::ArcIntern;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::runtime::watcher;
 use kube::Resource;
-use serde::de::{DeserializeOwned, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::de::{DeserializeOwned, IgnoredAny, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -189,23 +189,8 @@ struct OperatorFields(Option<Owned>);
 
 impl<'de> Deserialize<'de> for OperatorFields {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct Entries;
-        impl<'de> Visitor<'de> for Entries {
-            type Value = OperatorFields;
-
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("managedFields")
-            }
-
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<OperatorFields, A::Error> {
-                let mut found = None;
-                while let Some(Entry(fields)) = seq.next_element()? {
-                    found = found.or(fields);
-                }
-                Ok(OperatorFields(found))
-            }
-        }
-        deserializer.deserialize_seq(Entries)
+        let entries = Vec::<Entry>::deserialize(deserializer)?;
+        Ok(OperatorFields(entries.into_iter().find_map(|e| e.0)))
     }
 }
 

@@ -189,11 +189,15 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
-/// Waits until no namespace of an earlier run is left: their deletion runs on after that run
-/// ends, and an operator started meanwhile would list and reconcile their CdnClusters too.
-async fn await_earlier_runs_gone(client: &Client, limit: Duration) -> Result<(), String> {
+/// Waits until no namespace matches `selector` (`what` they are, for the messages).
+async fn await_namespaces_gone(
+    client: &Client,
+    selector: &str,
+    what: &str,
+    limit: Duration,
+) -> Result<(), String> {
     let api: Api<Namespace> = Api::all(client.clone());
-    let params = ListParams::default().labels(BENCH_LABEL);
+    let params = ListParams::default().labels(selector);
     let deadline = Instant::now() + limit;
     loop {
         let left = api
@@ -207,44 +211,10 @@ async fn await_earlier_runs_gone(client: &Client, limit: Duration) -> Result<(),
         }
         if Instant::now() > deadline {
             return Err(format!(
-                "{left} namespaces of earlier runs still there after {limit:?} \
-                 (kept with --keep? kubectl delete namespace -l {BENCH_LABEL})"
+                "{left} {what} still there after {limit:?} (kubectl delete namespace -l {selector})"
             ));
         }
-        eprintln!("bench: waiting for {left} namespaces of earlier runs to be deleted");
-        tokio::time::sleep(Duration::from_secs(5)).await;
-    }
-}
-
-/// Deletes the namespaces `names` and waits until they are gone.
-async fn delete_namespaces(
-    client: &Client,
-    names: &[String],
-    limit: Duration,
-) -> Result<(), String> {
-    let api: Api<Namespace> = Api::all(client.clone());
-    for name in names {
-        api.delete(name, &DeleteParams::background())
-            .await
-            .map_err(|e| format!("cannot delete namespace {name}: {e}"))?;
-    }
-    let deadline = Instant::now() + limit;
-    loop {
-        let mut left = 0;
-        for name in names {
-            let found = api
-                .get_metadata_opt(name)
-                .await
-                .map_err(|e| format!("cannot read namespace {name}: {e}"))?;
-            left += usize::from(found.is_some());
-        }
-        if left == 0 {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            return Err(format!("{left} namespaces still there after {limit:?}"));
-        }
-        eprintln!("bench: waiting for {left} namespaces to be deleted");
+        eprintln!("bench: waiting for {left} {what} to be deleted");
         tokio::time::sleep(Duration::from_secs(5)).await;
     }
 }
@@ -283,8 +253,12 @@ async fn main() -> ExitCode {
     };
     let n = args.clusters;
     install_crds(&client).await;
-    if let Err(error) = await_earlier_runs_gone(&client, Duration::from_secs(1800)).await {
-        eprintln!("bench: {error}");
+    // An earlier run's namespaces are deleted after it ends, and an operator started meanwhile
+    // would list and reconcile their CdnClusters too.
+    let earlier = "namespaces of earlier runs";
+    let limit = Duration::from_secs(1800);
+    if let Err(error) = await_namespaces_gone(&client, BENCH_LABEL, earlier, limit).await {
+        eprintln!("bench: {error} (kept with --keep?)");
         return ExitCode::FAILURE;
     }
     let run = format!(
@@ -510,8 +484,18 @@ async fn main() -> ExitCode {
     // would weigh on the server the baseline measures.
     if !args.keep {
         eprintln!("bench: deleting the operator's namespaces before the baseline");
+        let api: Api<Namespace> = Api::all(client.clone());
+        for name in &namespaces {
+            if let Err(error) = api.delete(name, &DeleteParams::background()).await {
+                eprintln!("bench: cannot delete namespace {name}: {error}");
+                return ExitCode::FAILURE;
+            }
+        }
+        // The baseline's namespaces, of the same run, do not exist yet.
+        let selector = format!("{BENCH_LABEL}={run}");
         let limit = Duration::from_secs(args.timeout_seconds);
-        if let Err(error) = delete_namespaces(&client, &namespaces, limit).await {
+        let what = "namespaces of the operator";
+        if let Err(error) = await_namespaces_gone(&client, &selector, what, limit).await {
             eprintln!("bench: {error}");
             return ExitCode::FAILURE;
         }
