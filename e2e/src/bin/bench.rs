@@ -18,26 +18,24 @@
 use cdn_operator::api::{CdnCluster, Role, State};
 use cdn_operator::cdncluster::status::{self, Observed};
 use cdn_operator::cdncluster::{build, sources};
+use cdn_operator::compact::Compact;
 use cdn_operator_e2e::proxy::Proxy;
 use cdn_operator_e2e::{connect, install_crds, NamespaceGuard, Operator, OperatorOptions};
 use clap::Parser;
-use futures::{StreamExt, TryStreamExt};
+use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use kube::runtime::reflector::{self, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Client, Config, Resource, ResourceExt};
-use serde::de::DeserializeOwned;
 use serde_json::json;
 use std::collections::{HashMap, HashSet};
-use std::fmt::Debug;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use tokio::sync::watch;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -104,64 +102,164 @@ fn manifest(i: usize, namespaces: &[String], replicas: i32) -> CdnCluster {
     .expect("a CdnCluster")
 }
 
-fn store<K>(api: Api<K>, config: watcher::Config) -> Store<K>
-where
-    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
-    K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
-{
-    let (reader, writer) = reflector::store();
-    tokio::spawn(
-        watcher(api, config)
-            .default_backoff()
-            .reflect(writer)
-            .for_each(|_| futures::future::ready(())),
-    );
-    reader
+/// What the benchmark's watch of one kind has seen of the objects in its namespaces, kept up to
+/// date as events arrive. The benchmark shares the machine with what it measures, so it keeps no
+/// objects and scans none: each one's resourceVersion and whether it is done (for CdnClusters, a
+/// status written for the generation) are all it needs.
+#[derive(Default)]
+struct Seen(Mutex<Objects>);
+
+#[derive(Default)]
+struct Objects {
+    /// `namespace/name` → resourceVersion and done.
+    versions: HashMap<String, (String, bool)>,
+    done: usize,
+    /// resourceVersion changes (creations and deletions too) since the watch began.
+    changes: u64,
+    /// The first list is in.
+    listed: bool,
+    /// The keys listed so far while the watch lists again: the others are gone at its end.
+    relisting: Option<HashSet<String>>,
 }
 
-/// Counts the changes (not the initial list) of objects of `namespaces` seen by a watch.
-fn count_changes<K>(
-    api: Api<K>,
-    config: watcher::Config,
-    namespaces: Arc<HashSet<String>>,
-) -> Arc<AtomicU64>
-where
-    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
-    K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
-{
-    let counter = Arc::new(AtomicU64::new(0));
-    let count = counter.clone();
-    tokio::spawn(
-        watcher(api, config)
-            .default_backoff()
-            .try_for_each(move |event| {
-                if let watcher::Event::Apply(obj) | watcher::Event::Delete(obj) = &event {
-                    if obj.namespace().is_some_and(|ns| namespaces.contains(&ns)) {
-                        count.fetch_add(1, Ordering::Relaxed);
+impl Objects {
+    fn apply(&mut self, key: String, version: String, done: bool) {
+        match self.versions.insert(key, (version.clone(), done)) {
+            Some((before, was_done)) => {
+                self.changes += u64::from(before != version);
+                self.done -= usize::from(was_done);
+            }
+            None => self.changes += 1,
+        }
+        self.done += usize::from(done);
+    }
+
+    fn remove(&mut self, key: &str) {
+        if let Some((_, was_done)) = self.versions.remove(key) {
+            self.changes += 1;
+            self.done -= usize::from(was_done);
+        }
+    }
+}
+
+impl Seen {
+    fn objects(&self) -> std::sync::MutexGuard<'_, Objects> {
+        self.0.lock().expect("not poisoned")
+    }
+
+    fn present(&self) -> usize {
+        self.objects().versions.len()
+    }
+
+    fn done(&self) -> usize {
+        self.objects().done
+    }
+
+    fn changes(&self) -> u64 {
+        self.objects().changes
+    }
+
+    fn listed(&self) -> bool {
+        self.objects().listed
+    }
+
+    fn version(&self, key: &str) -> Option<String> {
+        self.objects().versions.get(key).map(|(v, _)| v.clone())
+    }
+
+    fn record<K: Resource>(
+        &self,
+        event: watcher::Event<K>,
+        ours: &HashSet<String>,
+        done: fn(&K) -> bool,
+    ) {
+        let key = |obj: &K| {
+            let meta = obj.meta();
+            let ns = meta.namespace.as_deref().filter(|ns| ours.contains(*ns))?;
+            Some((
+                format!("{ns}/{}", meta.name.as_deref()?),
+                meta.resource_version.clone().unwrap_or_default(),
+            ))
+        };
+        let mut objects = self.objects();
+        match event {
+            watcher::Event::Init => objects.relisting = Some(HashSet::new()),
+            watcher::Event::InitApply(obj) | watcher::Event::Apply(obj) => {
+                if let Some((key, version)) = key(&obj) {
+                    if let Some(listed) = objects.relisting.as_mut() {
+                        listed.insert(key.clone());
+                    }
+                    objects.apply(key, version, done(&obj));
+                }
+            }
+            watcher::Event::Delete(obj) => {
+                if let Some((key, _)) = key(&obj) {
+                    objects.remove(&key);
+                }
+            }
+            watcher::Event::InitDone => {
+                if let Some(listed) = objects.relisting.take() {
+                    let gone: Vec<String> = objects
+                        .versions
+                        .keys()
+                        .filter(|k| !listed.contains(*k))
+                        .cloned()
+                        .collect();
+                    for key in gone {
+                        objects.remove(&key);
                     }
                 }
-                futures::future::ready(Ok(()))
-            }),
-    );
-    counter
+                objects.listed = true;
+            }
+        }
+    }
 }
 
-/// The objects of `store` in `namespaces`.
-fn ours_in<K>(store: &Store<K>, namespaces: &HashSet<String>) -> Vec<Arc<K>>
+/// Follows `events` of the objects in `ours` (namespaces), ticking `tick` on each event.
+fn track<K>(
+    events: impl futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
+    ours: Arc<HashSet<String>>,
+    done: fn(&K) -> bool,
+    tick: Arc<watch::Sender<()>>,
+) -> Arc<Seen>
 where
-    K: Resource + Clone + 'static,
-    K::DynamicType: Eq + std::hash::Hash + Clone,
+    K: Resource + Send + 'static,
 {
-    store
-        .state()
-        .into_iter()
-        .filter(|o| {
-            o.meta()
-                .namespace
-                .as_ref()
-                .is_some_and(|ns| namespaces.contains(ns))
-        })
-        .collect()
+    let seen = Arc::new(Seen::default());
+    let state = seen.clone();
+    tokio::spawn(events.default_backoff().for_each(move |event| {
+        if let Ok(event) = event {
+            state.record(event, &ours, done);
+            tick.send_replace(());
+        }
+        futures::future::ready(())
+    }));
+    seen
+}
+
+/// Every child counts as done once it exists.
+fn every<K>(_: &K) -> bool {
+    true
+}
+
+/// Waits until `ready` holds, woken by `tick`, or `limit` passes; false then.
+async fn wait_for(
+    tick: &watch::Sender<()>,
+    limit: Instant,
+    mut ready: impl FnMut() -> bool,
+) -> bool {
+    let mut ticks = tick.subscribe();
+    loop {
+        ticks.borrow_and_update();
+        if ready() {
+            return true;
+        }
+        if Instant::now() > limit {
+            return false;
+        }
+        // Woken at least each second to see the limit pass.
+        let _ = tokio::time::timeout(Duration::from_secs(1), ticks.changed()).await;
+    }
 }
 
 /// Waits until the proxy has seen no request for `quiet` (the operator is idle).
@@ -310,23 +408,60 @@ async fn main() -> ExitCode {
     };
     let reconciles_before = reconciles(&operator);
     let at_start = operator.usage();
+    let myself = || cdn_operator_e2e::Usage::of(std::process::id());
+    let bench_at_start = myself();
 
     let children = watcher::Config::default().labels("app.kubernetes.io/managed-by=cdn-operator");
-    let clusters_store = store(
-        Api::<CdnCluster>::all(client.clone()),
-        watcher::Config::default().labels(&format!("{BENCH_LABEL}=true")),
+    let tick = Arc::new(watch::Sender::new(()));
+    let written = |c: &CdnCluster| {
+        c.status.as_ref().is_some_and(|st| {
+            st.observed_generation == c.metadata.generation
+                && matches!(st.state, Some(State::Deploying | State::Running))
+        })
+    };
+    let clusters_seen = track(
+        watcher(
+            Api::<CdnCluster>::all(client.clone()),
+            watcher::Config::default().labels(&format!("{BENCH_LABEL}=true")),
+        ),
+        ours.clone(),
+        written,
+        tick.clone(),
     );
-    let deployments = store(Api::<Deployment>::all(client.clone()), children.clone());
-    let config_maps = store(Api::<ConfigMap>::all(client.clone()), children.clone());
-    let services = store(Api::<Service>::all(client.clone()), children.clone());
-    for ready in [
-        clusters_store.wait_until_ready().await,
-        deployments.wait_until_ready().await,
-        config_maps.wait_until_ready().await,
-        services.wait_until_ready().await,
-    ] {
-        ready.expect("the benchmark's watches");
+    let deployments = track(
+        watcher(
+            Api::<Compact<Deployment>>::all(client.clone()),
+            children.clone(),
+        ),
+        ours.clone(),
+        every,
+        tick.clone(),
+    );
+    let config_maps = track(
+        watcher(
+            Api::<Compact<ConfigMap>>::all(client.clone()),
+            children.clone(),
+        ),
+        ours.clone(),
+        every,
+        tick.clone(),
+    );
+    let services = track(
+        watcher(
+            Api::<Compact<Service>>::all(client.clone()),
+            children.clone(),
+        ),
+        ours.clone(),
+        every,
+        tick.clone(),
+    );
+    let seen = [&clusters_seen, &deployments, &config_maps, &services];
+    let limit = Instant::now() + Duration::from_secs(60);
+    if !wait_for(&tick, limit, || seen.iter().all(|s| s.listed())).await {
+        eprintln!("bench: the benchmark's watches did not list within 60s");
+        return ExitCode::FAILURE;
     }
+    let changes = || seen.iter().map(|s| s.changes()).sum::<u64>();
 
     // 1. Convergence.
     let manifests: Vec<CdnCluster> = (0..n)
@@ -340,44 +475,36 @@ async fn main() -> ExitCode {
     create_all(&client, &manifests).await;
     let created = start.elapsed();
     let deadline = start + Duration::from_secs(args.timeout_seconds);
-    let (mut children_at, converged);
-    children_at = None;
-    loop {
-        let d = ours_in(&deployments, &ours).len();
-        let c = ours_in(&config_maps, &ours).len();
-        let s = ours_in(&services, &ours).len();
-        if children_at.is_none() && d >= n && c >= n && s >= n {
+    let mut children_at = None;
+    let converged = wait_for(&tick, deadline, || {
+        let all = |seen: &Seen| seen.present() >= n;
+        if children_at.is_none() && all(&deployments) && all(&config_maps) && all(&services) {
             children_at = Some(start.elapsed());
         }
-        let done = ours_in(&clusters_store, &ours)
-            .iter()
-            .filter(|c| {
-                c.status.as_ref().is_some_and(|st| {
-                    st.observed_generation == c.metadata.generation
-                        && matches!(st.state, Some(State::Deploying | State::Running))
-                })
-            })
-            .count();
-        if children_at.is_some() && done >= n {
-            converged = start.elapsed();
-            break;
-        }
-        if Instant::now() > deadline {
-            eprintln!(
-                "bench: not converged after {}s: {done}/{n} statuses, {d}/{c}/{s} children\n{}",
-                args.timeout_seconds,
-                operator.logs()
-            );
-            return ExitCode::FAILURE;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        children_at.is_some() && clusters_seen.done() >= n
+    })
+    .await;
+    let converged = if converged {
+        start.elapsed()
+    } else {
+        eprintln!(
+            "bench: not converged after {}s: {}/{n} statuses, {}/{}/{} children\n{}",
+            args.timeout_seconds,
+            clusters_seen.done(),
+            deployments.present(),
+            config_maps.present(),
+            services.present(),
+            operator.logs()
+        );
+        return ExitCode::FAILURE;
+    };
     let children_at = children_at.unwrap_or(converged);
     eprintln!("bench: converged in {converged:?}; waiting for the operator to go quiet");
     // Events follow the status write of each reconcile: count them too.
     settle(&proxy, Duration::from_secs(5), Duration::from_secs(120)).await;
     let convergence = proxy.counts().since(&startup);
     let at_converged = operator.usage();
+    let bench_at_converged = myself();
     let reconciled = match (reconciles_before, reconciles(&operator)) {
         (Some(a), Some(b)) => Some(b - a),
         _ => None,
@@ -389,36 +516,11 @@ async fn main() -> ExitCode {
         args.steady_seconds
     );
     let steady_start = proxy.counts();
-    let cluster_changes = count_changes(
-        Api::<CdnCluster>::all(client.clone()),
-        watcher::Config::default().labels(&format!("{BENCH_LABEL}=true")),
-        ours.clone(),
-    );
-    let child_changes = [
-        count_changes(
-            Api::<Deployment>::all(client.clone()),
-            children.clone(),
-            ours.clone(),
-        ),
-        count_changes(
-            Api::<ConfigMap>::all(client.clone()),
-            children.clone(),
-            ours.clone(),
-        ),
-        count_changes(
-            Api::<Service>::all(client.clone()),
-            children.clone(),
-            ours.clone(),
-        ),
-    ];
+    let changes_before = changes();
     tokio::time::sleep(Duration::from_secs(args.steady_seconds)).await;
     let steady = proxy.counts().since(&steady_start);
     let at_steady = operator.usage();
-    let steady_rv_changes = cluster_changes.load(Ordering::Relaxed)
-        + child_changes
-            .iter()
-            .map(|c| c.load(Ordering::Relaxed))
-            .sum::<u64>();
+    let steady_rv_changes = changes() - changes_before;
 
     // 3. Spec change → ConfigMap updated.
     let caches: Vec<&CdnCluster> = manifests
@@ -430,9 +532,8 @@ async fn main() -> ExitCode {
     let mut latencies = Vec::new();
     for (k, cache) in caches.iter().enumerate() {
         let ns = cache.namespace().unwrap();
-        let cm_ref =
-            reflector::ObjectRef::new(&build::config_map_name(&cache.name_any())).within(&ns);
-        let before = config_maps.get(&cm_ref).and_then(|c| c.resource_version());
+        let config_map = format!("{ns}/{}", build::config_map_name(&cache.name_any()));
+        let before = config_maps.version(&config_map);
         let api: Api<CdnCluster> = Api::namespaced(client.clone(), &ns);
         let change = json!({"spec": {"cache": {"valid": format!("{}m", 11 + k)}}});
         let t = Instant::now();
@@ -444,16 +545,10 @@ async fn main() -> ExitCode {
         .await
         .expect("spec change");
         let limit = t + Duration::from_secs(60);
-        loop {
-            if config_maps.get(&cm_ref).and_then(|c| c.resource_version()) != before {
-                latencies.push(t.elapsed().as_secs_f64() * 1000.0);
-                break;
-            }
-            if Instant::now() > limit {
-                eprintln!("bench: {ns}/{} not updated within 60s", cm_ref.name);
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(2)).await;
+        if wait_for(&tick, limit, || config_maps.version(&config_map) != before).await {
+            latencies.push(t.elapsed().as_secs_f64() * 1000.0);
+        } else {
+            eprintln!("bench: {config_map} not updated within 60s");
         }
     }
     latencies.sort_by(|a, b| a.total_cmp(b));
@@ -633,6 +728,11 @@ async fn main() -> ExitCode {
     println!("| operator CPU: steady state | {} |", seconds(cpu_steady));
     println!("| operator CPU: spec changes | {} |", seconds(cpu_changes));
     println!(
+        "| benchmark process (creates, proxy, watches): CPU during convergence, peak VmRSS | {}, {} |",
+        seconds(cpu(bench_at_start, bench_at_converged)),
+        mib(bench_at_converged.map(|u| u.peak_rss_kib))
+    );
+    println!(
         "| operator VmRSS after the steady state | {} |",
         mib(at_steady.map(|u| u.rss_kib))
     );
@@ -675,6 +775,7 @@ async fn main() -> ExitCode {
         "operator_steady_rss_kib": at_steady.map(|u| u.rss_kib),
         "operator_peak_rss_kib": at_end.map(|u| u.peak_rss_kib),
         "operator_cpu_seconds": {"convergence": cpu_converge, "steady": cpu_steady, "spec_changes": cpu_changes},
+        "benchmark_process": {"cpu_seconds_convergence": cpu(bench_at_start, bench_at_converged), "peak_rss_kib": bench_at_converged.map(|u| u.peak_rss_kib)},
         "seconds_per_1000": secs(converged) * 1000.0 / n as f64,
         "operator_exit": exit.map(|s| s.to_string()),
         "baseline_s": secs(baseline_time), "baseline_requests": baseline.0,
