@@ -795,3 +795,89 @@ async fn main() -> ExitCode {
     println!("JSON: {}", json_path.display());
     ExitCode::SUCCESS
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config_map(ns: &str, name: &str, version: &str) -> ConfigMap {
+        serde_json::from_value(json!({
+            "metadata": {"namespace": ns, "name": name, "resourceVersion": version}
+        }))
+        .unwrap()
+    }
+
+    fn has_data(c: &ConfigMap) -> bool {
+        c.data.is_some()
+    }
+
+    #[test]
+    fn counts_what_the_watch_brings_in_its_namespaces_only() {
+        let seen = Seen::default();
+        let ours: HashSet<String> = ["a".to_string()].into();
+        let record = |event| seen.record(event, &ours, has_data);
+        record(watcher::Event::Init);
+        record(watcher::Event::InitApply(config_map("a", "x", "1")));
+        record(watcher::Event::InitApply(config_map("other", "y", "2")));
+        assert!(!seen.listed());
+        record(watcher::Event::InitDone);
+        assert!(seen.listed());
+        assert_eq!((seen.present(), seen.done(), seen.changes()), (1, 0, 1));
+
+        let mut done = config_map("a", "x", "3");
+        done.data = Some(Default::default());
+        record(watcher::Event::Apply(done.clone()));
+        assert_eq!((seen.present(), seen.done(), seen.changes()), (1, 1, 2));
+        assert_eq!(seen.version("a/x").as_deref(), Some("3"));
+        // The same version again (a re-list) is no change.
+        record(watcher::Event::Apply(done));
+        assert_eq!((seen.done(), seen.changes()), (1, 2));
+        record(watcher::Event::Apply(config_map("other", "z", "4")));
+        assert_eq!(seen.changes(), 2);
+
+        record(watcher::Event::Apply(config_map("a", "w", "5")));
+        record(watcher::Event::Delete(config_map("a", "w", "6")));
+        assert_eq!((seen.present(), seen.done(), seen.changes()), (1, 1, 4));
+        assert_eq!(seen.version("a/w"), None);
+    }
+
+    #[test]
+    fn a_new_list_drops_what_it_no_longer_holds() {
+        let seen = Seen::default();
+        let ours: HashSet<String> = ["a".to_string()].into();
+        let record = |event| seen.record(event, &ours, every);
+        record(watcher::Event::Init);
+        record(watcher::Event::InitApply(config_map("a", "x", "1")));
+        record(watcher::Event::InitApply(config_map("a", "y", "2")));
+        record(watcher::Event::InitDone);
+        assert_eq!((seen.present(), seen.done(), seen.changes()), (2, 2, 2));
+        // Listed again after the watch broke: y was deleted meanwhile, x did not change.
+        record(watcher::Event::Init);
+        record(watcher::Event::InitApply(config_map("a", "x", "1")));
+        assert_eq!(seen.present(), 2, "kept until the list ends");
+        record(watcher::Event::InitDone);
+        assert_eq!((seen.present(), seen.done(), seen.changes()), (1, 1, 3));
+        assert_eq!(seen.version("a/y"), None);
+    }
+
+    #[tokio::test]
+    async fn the_wait_ends_on_the_tick_that_makes_it_true() {
+        let tick = Arc::new(watch::Sender::new(()));
+        let flag = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (set, ticker) = (flag.clone(), tick.clone());
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            set.store(true, std::sync::atomic::Ordering::SeqCst);
+            ticker.send_replace(());
+        });
+        let start = Instant::now();
+        let ready = || flag.load(std::sync::atomic::Ordering::SeqCst);
+        assert!(wait_for(&tick, start + Duration::from_secs(30), ready).await);
+        assert!(
+            start.elapsed() < Duration::from_millis(900),
+            "woken by the tick, not the 1 s timer"
+        );
+        let never = || false;
+        assert!(!wait_for(&tick, Instant::now(), never).await);
+    }
+}
