@@ -237,6 +237,22 @@ where
     seen
 }
 
+/// Follows the children of kind `K` in `ours`, read as the operator reads them.
+fn track_children<K: Resource<DynamicType = ()> + 'static>(
+    client: &Client,
+    children: &watcher::Config,
+    ours: &Arc<HashSet<String>>,
+    tick: &Arc<watch::Sender<()>>,
+) -> Arc<Seen> {
+    let api = Api::<Compact<K>>::all(client.clone());
+    track(
+        watcher(api, children.clone()),
+        ours.clone(),
+        every,
+        tick.clone(),
+    )
+}
+
 /// Every child counts as done once it exists.
 fn every<K>(_: &K) -> bool {
     true
@@ -428,33 +444,9 @@ async fn main() -> ExitCode {
         written,
         tick.clone(),
     );
-    let deployments = track(
-        watcher(
-            Api::<Compact<Deployment>>::all(client.clone()),
-            children.clone(),
-        ),
-        ours.clone(),
-        every,
-        tick.clone(),
-    );
-    let config_maps = track(
-        watcher(
-            Api::<Compact<ConfigMap>>::all(client.clone()),
-            children.clone(),
-        ),
-        ours.clone(),
-        every,
-        tick.clone(),
-    );
-    let services = track(
-        watcher(
-            Api::<Compact<Service>>::all(client.clone()),
-            children.clone(),
-        ),
-        ours.clone(),
-        every,
-        tick.clone(),
-    );
+    let deployments = track_children::<Deployment>(&client, &children, &ours, &tick);
+    let config_maps = track_children::<ConfigMap>(&client, &children, &ours, &tick);
+    let services = track_children::<Service>(&client, &children, &ours, &tick);
     let seen = [&clusters_seen, &deployments, &config_maps, &services];
     let limit = Instant::now() + Duration::from_secs(60);
     if !wait_for(&tick, limit, || seen.iter().all(|s| s.listed())).await {
