@@ -441,14 +441,19 @@ async fn cleanup(
             let _ = api.delete(&name, &DeleteParams::default()).await;
         }
     }
-    match Api::<Namespace>::all(client)
-        .delete(&ns, &DeleteParams::background())
+    delete_namespace(&client, &ns).await
+}
+
+/// Starts the deletion of namespace `ns`, in the background; one already gone is done too (the
+/// benchmark deletes the operator's before its baseline, and its guard again at the end).
+pub async fn delete_namespace(client: &Client, ns: &str) -> Result<(), String> {
+    match Api::<Namespace>::all(client.clone())
+        .delete(ns, &DeleteParams::background())
         .await
     {
-        // Already deleted (the benchmark deletes the operator's before its baseline).
         Ok(_) => Ok(()),
         Err(error) if cdn_operator::reconcile::is_not_found(&error) => Ok(()),
-        Err(error) => Err(error.to_string()),
+        Err(error) => Err(format!("cannot delete namespace {ns}: {error}")),
     }
 }
 

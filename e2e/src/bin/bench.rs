@@ -20,13 +20,15 @@ use cdn_operator::cdncluster::status::{self, Observed};
 use cdn_operator::cdncluster::{build, sources};
 use cdn_operator::compact::Compact;
 use cdn_operator_e2e::proxy::Proxy;
-use cdn_operator_e2e::{connect, install_crds, NamespaceGuard, Operator, OperatorOptions};
+use cdn_operator_e2e::{
+    connect, delete_namespace, install_crds, NamespaceGuard, Operator, OperatorOptions,
+};
 use clap::Parser;
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Client, Config, Resource, ResourceExt};
 use serde_json::json;
@@ -571,10 +573,9 @@ async fn main() -> ExitCode {
     // would weigh on the server the baseline measures.
     if !args.keep {
         eprintln!("bench: deleting the operator's namespaces before the baseline");
-        let api: Api<Namespace> = Api::all(client.clone());
         for name in &namespaces {
-            if let Err(error) = api.delete(name, &DeleteParams::background()).await {
-                eprintln!("bench: cannot delete namespace {name}: {error}");
+            if let Err(error) = delete_namespace(&client, name).await {
+                eprintln!("bench: {error}");
                 return ExitCode::FAILURE;
             }
         }
