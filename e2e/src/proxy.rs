@@ -1,6 +1,7 @@
 //! A counting proxy between the operator and the API server, for the benchmark: the operator
 //! exports no client request metrics, so every request it sends is counted here, by verb and
-//! resource, on its way through. It listens on plain HTTP on loopback and forwards through a kube
+//! resource, on its way through, and each write timed from its forwarding to the server's answer.
+//! It listens on plain HTTP on loopback and forwards through a kube
 //! client holding the caller's credentials (the same client stack the operator uses), streaming
 //! responses so watches work unchanged.
 
@@ -17,6 +18,7 @@ use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 use tokio::task::JoinHandle;
 
 /// Requests seen, by "VERB resource" (verbs as the API server's audit names them: get, list,
@@ -33,10 +35,7 @@ impl Counts {
     pub fn writes(&self) -> u64 {
         self.0
             .iter()
-            .filter(|(key, _)| {
-                let verb = key.split(' ').next().unwrap_or("");
-                matches!(verb, "create" | "patch" | "update" | "delete")
-            })
+            .filter(|(key, _)| is_write(key))
             .map(|(_, n)| n)
             .sum()
     }
@@ -53,9 +52,24 @@ impl Counts {
     }
 }
 
+/// Whether a request, by its [`classify`] key, changes state.
+fn is_write(key: &str) -> bool {
+    let verb = key.split(' ').next().unwrap_or("");
+    matches!(verb, "create" | "patch" | "update" | "delete")
+}
+
+/// What the proxy records of the requests through it.
+#[derive(Default)]
+struct Seen {
+    counts: Counts,
+    /// Each write's time from forwarding to the server's response headers, in microseconds, in
+    /// the order answered: whether a slow phase was the server's answers or the client's pace.
+    write_micros: Vec<u32>,
+}
+
 pub struct Proxy {
     pub addr: SocketAddr,
-    counts: Arc<Mutex<Counts>>,
+    seen: Arc<Mutex<Seen>>,
     task: JoinHandle<()>,
 }
 
@@ -63,14 +77,14 @@ impl Proxy {
     pub async fn start(client: Client) -> std::io::Result<Proxy> {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
-        let counts = Arc::new(Mutex::new(Counts::default()));
-        let shared = counts.clone();
+        let seen = Arc::new(Mutex::new(Seen::default()));
+        let shared = seen.clone();
         let task = tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
                 let client = client.clone();
-                let counts = shared.clone();
+                let seen = shared.clone();
                 let service =
-                    service_fn(move |request| forward(client.clone(), counts.clone(), request));
+                    service_fn(move |request| forward(client.clone(), seen.clone(), request));
                 tokio::spawn(async move {
                     let _ = hyper::server::conn::http1::Builder::new()
                         .serve_connection(TokioIo::new(stream), service)
@@ -78,11 +92,30 @@ impl Proxy {
                 });
             }
         });
-        Ok(Proxy { addr, counts, task })
+        Ok(Proxy { addr, seen, task })
     }
 
     pub fn counts(&self) -> Counts {
-        self.counts.lock().expect("counts lock").clone()
+        self.lock().counts.clone()
+    }
+
+    /// How many writes have been answered so far: a mark for [`Proxy::write_times_since`].
+    pub fn writes_answered(&self) -> usize {
+        self.lock().write_micros.len()
+    }
+
+    /// The answer times of the writes answered since `mark`, in the order answered.
+    pub fn write_times_since(&self, mark: usize) -> Vec<Duration> {
+        let seen = self.lock();
+        let since = seen.write_micros.get(mark..).unwrap_or_default();
+        since
+            .iter()
+            .map(|&us| Duration::from_micros(us.into()))
+            .collect()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Seen> {
+        self.seen.lock().expect("proxy lock")
     }
 
     /// A kubeconfig that sends a client through this proxy (no credentials: the proxy holds them).
@@ -138,14 +171,16 @@ pub fn classify(method: &http::Method, path: &str, query: Option<&str>) -> Strin
 
 async fn forward(
     client: Client,
-    counts: Arc<Mutex<Counts>>,
+    seen: Arc<Mutex<Seen>>,
     request: Request<Incoming>,
 ) -> Result<Response<Body>, Infallible> {
     let (parts, body) = request.into_parts();
     let key = classify(&parts.method, parts.uri.path(), parts.uri.query());
-    *counts
+    let write = is_write(&key);
+    *seen
         .lock()
-        .expect("counts lock")
+        .expect("proxy lock")
+        .counts
         .0
         .entry(key)
         .or_insert(0) += 1;
@@ -170,7 +205,13 @@ async fn forward(
         Ok(request) => request,
         Err(error) => return Ok(failure(StatusCode::BAD_REQUEST, error.to_string())),
     };
-    match client.send(forwarded).await {
+    let sent = Instant::now();
+    let answer = client.send(forwarded).await;
+    if write {
+        let micros = u32::try_from(sent.elapsed().as_micros()).unwrap_or(u32::MAX);
+        seen.lock().expect("proxy lock").write_micros.push(micros);
+    }
+    match answer {
         Ok(mut response) => {
             let headers = response.headers_mut();
             headers.remove(CONNECTION);

@@ -16,6 +16,7 @@ async fn requests_pass_through_and_are_counted() {
         .await
         .expect("fake client");
     let proxy = Proxy::start(fake).await.expect("proxy");
+    assert_eq!(proxy.writes_answered(), 0);
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = Kubeconfig::read_from(proxy.kubeconfig(dir.path())).expect("kubeconfig");
     let config = Config::from_custom_kubeconfig(kubeconfig, &Default::default())
@@ -68,4 +69,8 @@ async fn requests_pass_through_and_are_counted() {
     let seen: Vec<(&str, u64)> = counts.0.iter().map(|(k, v)| (k.as_str(), *v)).collect();
     assert_eq!(seen, expected);
     assert_eq!((counts.requests(), counts.writes()), (5, 2));
+    // Each write, and only writes, timed: the create and the apply.
+    assert_eq!(proxy.writes_answered(), 2);
+    assert_eq!(proxy.write_times_since(1).len(), 1);
+    assert!(proxy.write_times_since(3).is_empty());
 }

@@ -12,13 +12,19 @@
 //! - latency from a spec change to the child updated (the ConfigMap, seen by a watch): p50, p99;
 //! - the operator's VmRSS after the steady state and at the end, its peak (VmHWM), and its CPU
 //!   seconds in each phase (convergence, steady state, spec changes); the time per 1,000;
-//! - the bare-client baseline: the same server-side applies (children and status, through the
-//!   operator's own apply path and the same proxy and concurrency) from one client; the ratio.
+//! - the bare-client baseline: the same writes (children and status applied, the Event created,
+//!   through the operator's own apply and Event paths and the same proxy and concurrency) from one
+//!   client that reads nothing; the ratio;
+//! - why a phase took its time: the server's answer times to its writes (p50, p99) and how many
+//!   writes were in flight on average, for the operator and the baseline; the operator's mean
+//!   reconcile time and its reconciles over 1 s (its `controller_runtime_reconcile_time_seconds`).
 
 use cdn_operator::api::{CdnCluster, Role, State};
-use cdn_operator::cdncluster::status::{self, Observed};
+use cdn_operator::apply::Change;
+use cdn_operator::cdncluster::status::{self, ChildChange, Observed};
 use cdn_operator::cdncluster::{build, sources};
 use cdn_operator::compact::Compact;
+use cdn_operator::events::Events;
 use cdn_operator_e2e::proxy::Proxy;
 use cdn_operator_e2e::{
     connect, delete_namespace, install_crds, NamespaceGuard, Operator, OperatorOptions,
@@ -72,6 +78,11 @@ struct Args {
     /// Keep the namespaces afterwards.
     #[arg(long)]
     keep: bool,
+    /// Run the bare-client baseline before the operator, not after: whether a phase's place in
+    /// the run (a server just started, or one that has just deleted the other phase's objects)
+    /// weighs on the ratio. Not with --keep: the operator would reconcile the baseline's objects.
+    #[arg(long, conflicts_with = "keep")]
+    baseline_first: bool,
 }
 
 const GROUP: usize = 10;
@@ -297,6 +308,79 @@ async fn settle(proxy: &Proxy, quiet: Duration, limit: Duration) {
     }
 }
 
+/// The server's answers to one phase's writes, as the proxy timed them.
+#[derive(Debug, PartialEq, serde::Serialize)]
+struct Answers {
+    writes: usize,
+    p50_ms: f64,
+    p99_ms: f64,
+    /// Writes in flight on average over the phase: their summed answer times over its length.
+    /// Near the concurrency, the client kept the server busy; well below, it did not.
+    in_flight: f64,
+}
+
+impl Answers {
+    fn of(times: &[Duration], phase: Duration) -> Answers {
+        let mut ms: Vec<f64> = times.iter().map(|t| t.as_secs_f64() * 1000.0).collect();
+        ms.sort_by(|a, b| a.total_cmp(b));
+        let busy: f64 = ms.iter().sum::<f64>() / 1000.0;
+        Answers {
+            writes: ms.len(),
+            p50_ms: percentile(&ms, 50.0),
+            p99_ms: percentile(&ms, 99.0),
+            in_flight: busy / phase.as_secs_f64().max(f64::MIN_POSITIVE),
+        }
+    }
+}
+
+impl std::fmt::Display for Answers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} writes, {:.1} ms / {:.1} ms, {:.1} in flight",
+            self.writes, self.p50_ms, self.p99_ms, self.in_flight
+        )
+    }
+}
+
+/// The operator's CdnCluster reconcile times so far, from its histogram.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct ReconcileTimes {
+    count: f64,
+    seconds: f64,
+    over_1s: f64,
+}
+
+impl ReconcileTimes {
+    const SERIES: &str = "controller_runtime_reconcile_time_seconds";
+
+    fn of(operator: &Operator) -> Option<ReconcileTimes> {
+        let labels = "controller=\"cdncluster\"";
+        let series = |suffix: &str, labels: &str| {
+            operator.metric_sum(&format!("{}_{suffix}", Self::SERIES), labels)
+        };
+        let count = series("count", labels)?;
+        let within_1s = series("bucket", &format!("le=\"1.0\",{labels}"))?;
+        Some(ReconcileTimes {
+            count,
+            seconds: series("sum", labels)?,
+            over_1s: count - within_1s,
+        })
+    }
+
+    fn since(self, before: ReconcileTimes) -> ReconcileTimes {
+        ReconcileTimes {
+            count: self.count - before.count,
+            seconds: self.seconds - before.seconds,
+            over_1s: self.over_1s - before.over_1s,
+        }
+    }
+
+    fn mean_ms(self) -> f64 {
+        self.seconds * 1000.0 / self.count
+    }
+}
+
 fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
@@ -335,11 +419,123 @@ async fn await_namespaces_gone(
     }
 }
 
-async fn create_namespaces(client: &Client, names: &[String], run: &str) {
+/// What the bare-client baseline took: its time, its requests, the server's answers to its
+/// writes.
+struct Baseline {
+    time: Duration,
+    requests: cdn_operator_e2e::proxy::Counts,
+    answers: Answers,
+}
+
+/// The baseline: the operator's writes for the same CdnClusters (children, then status, then
+/// the Event, through its own apply and Event paths) from one client, `bare`, through the proxy
+/// at the operator's concurrency, into fresh namespaces labelled `label`. It reads nothing: the
+/// CdnClusters are as their creation answered them, as the operator finds them in its cache.
+async fn run_baseline(
+    client: &Client,
+    proxy: &Proxy,
+    bare: &Client,
+    (namespaces, label): (&[String], &str),
+    args: &Args,
+) -> Baseline {
+    eprintln!("bench: baseline");
+    create_namespaces(client, namespaces, label).await;
+    let manifests: Vec<CdnCluster> = (0..args.clusters)
+        .map(|i| manifest(i, namespaces, args.replicas))
+        .collect();
+    let created = create_all(client, &manifests).await;
+    let by_key: HashMap<(String, String), Arc<CdnCluster>> = created
+        .iter()
+        .map(|c| ((c.namespace().unwrap(), c.name_any()), Arc::new(c.clone())))
+        .collect();
+    let events = Events::new(bare.clone(), None);
+    let counts_at_start = proxy.counts();
+    let writes_mark = proxy.writes_answered();
+    let start = Instant::now();
+    futures::stream::iter(created.iter())
+        .for_each_concurrent(args.max_concurrent_reconciles as usize, |cluster| {
+            let (by_key, events) = (&by_key, &events);
+            async move {
+                let ns = cluster.namespace().unwrap();
+                let upstreams = sources::resolve(cluster, |name| {
+                    by_key.get(&(ns.clone(), name.to_string())).cloned()
+                })
+                .expect("resolves");
+                let kids = build::children(cluster, &upstreams, &Default::default());
+                let changes: Vec<ChildChange> = [
+                    kids.config_map.object_ref(&()),
+                    kids.service.object_ref(&()),
+                    kids.deployment.object_ref(&()),
+                ]
+                .into_iter()
+                .map(|child| ChildChange {
+                    child,
+                    change: Change::Created,
+                })
+                .collect();
+                use cdn_operator::apply::apply_always;
+                apply_always(
+                    &Api::<ConfigMap>::namespaced(bare.clone(), &ns),
+                    kids.config_map,
+                )
+                .await
+                .expect("ConfigMap");
+                apply_always(&Api::<Service>::namespaced(bare.clone(), &ns), kids.service)
+                    .await
+                    .expect("Service");
+                let deployment = apply_always(
+                    &Api::<Deployment>::namespaced(bare.clone(), &ns),
+                    kids.deployment,
+                )
+                .await
+                .expect("Deployment");
+                let observed = Observed::Deployed(Some(&deployment));
+                let now = Time(jiff::Timestamp::now());
+                let status = status::desired(cluster, observed, &now);
+                let notices = status::notices(cluster, &status, &observed, &changes);
+                cdn_operator::apply::apply_status(
+                    &Api::<CdnCluster>::namespaced(bare.clone(), &ns),
+                    cluster,
+                    None,
+                    &status,
+                )
+                .await
+                .expect("status");
+                for notice in notices {
+                    events.publish(cluster, notice).await;
+                }
+            }
+        })
+        .await;
+    let time = start.elapsed();
+    Baseline {
+        time,
+        requests: proxy.counts().since(&counts_at_start),
+        answers: Answers::of(&proxy.write_times_since(writes_mark), time),
+    }
+}
+
+/// Deletes `namespaces`, all labelled `label`, and waits until they are gone: what one phase
+/// created must not weigh on the server while the other is measured.
+async fn delete_all(
+    client: &Client,
+    namespaces: &[String],
+    label: &str,
+    what: &str,
+    limit: Duration,
+) -> Result<(), String> {
+    for name in namespaces {
+        delete_namespace(client, name).await?;
+    }
+    let selector = format!("{BENCH_LABEL}={label}");
+    await_namespaces_gone(client, &selector, what, limit).await
+}
+
+async fn create_namespaces(client: &Client, names: &[String], label: &str) {
     let api: Api<Namespace> = Api::all(client.clone());
     for name in names {
         let ns: Namespace = serde_json::from_value(
-            json!({"metadata": {"name": name, "labels": {BENCH_LABEL: run}}}),
+            json!({"metadata": {"name": name, "labels": {BENCH_LABEL: label}}}),
         )
         .unwrap();
         api.create(&PostParams::default(), &ns)
@@ -348,17 +544,20 @@ async fn create_namespaces(client: &Client, names: &[String], run: &str) {
     }
 }
 
-async fn create_all(client: &Client, clusters: &[CdnCluster]) {
+/// Creates `clusters`; answers them as the server created them.
+async fn create_all(client: &Client, clusters: &[CdnCluster]) -> Vec<CdnCluster> {
     futures::stream::iter(clusters.iter().cloned())
-        .for_each_concurrent(32, |c| {
+        .map(|c| {
             let api: Api<CdnCluster> = Api::namespaced(client.clone(), &c.namespace().unwrap());
             async move {
                 api.create(&PostParams::default(), &c)
                     .await
-                    .unwrap_or_else(|e| panic!("create {}: {e}", c.name_any()));
+                    .unwrap_or_else(|e| panic!("create {}: {e}", c.name_any()))
             }
         })
-        .await;
+        .buffer_unordered(32)
+        .collect()
+        .await
 }
 
 #[tokio::main]
@@ -399,6 +598,8 @@ async fn main() -> ExitCode {
             .collect(),
         keep: args.keep,
     };
+    // Labelled apart, so that each phase's namespaces can be awaited gone alone.
+    let base_label = format!("{run}-base");
     create_namespaces(&client, &namespaces, &run).await;
     let ours: Arc<HashSet<String>> = Arc::new(namespaces.iter().cloned().collect());
 
@@ -406,6 +607,38 @@ async fn main() -> ExitCode {
     let proxy = Proxy::start(client.clone())
         .await
         .expect("the counting proxy");
+    let bare = Client::try_from(
+        Config::from_custom_kubeconfig(
+            kube::config::Kubeconfig::read_from(proxy.kubeconfig(dir.path()))
+                .expect("proxy kubeconfig"),
+            &Default::default(),
+        )
+        .await
+        .expect("proxy config"),
+    )
+    .expect("client");
+    let deletion_limit = Duration::from_secs(args.timeout_seconds);
+    let first = if args.baseline_first {
+        let phase = (baseline_namespaces.as_slice(), base_label.as_str());
+        let baseline = run_baseline(&client, &proxy, &bare, phase, &args).await;
+        eprintln!("bench: deleting the baseline's namespaces before the operator starts");
+        let what = "namespaces of the baseline";
+        if let Err(error) = delete_all(
+            &client,
+            &baseline_namespaces,
+            &base_label,
+            what,
+            deletion_limit,
+        )
+        .await
+        {
+            eprintln!("bench: {error}");
+            return ExitCode::FAILURE;
+        }
+        Some(baseline)
+    } else {
+        None
+    };
     let options = OperatorOptions {
         namespace: None,
         lease: None,
@@ -425,6 +658,7 @@ async fn main() -> ExitCode {
         )
     };
     let reconciles_before = reconciles(&operator);
+    let reconcile_times_before = ReconcileTimes::of(&operator);
     let at_start = operator.usage();
     let myself = || cdn_operator_e2e::Usage::of(std::process::id());
     let bench_at_start = myself();
@@ -466,6 +700,7 @@ async fn main() -> ExitCode {
         namespaces.len()
     );
     let start = Instant::now();
+    let writes_at_start = proxy.writes_answered();
     create_all(&client, &manifests).await;
     let created = start.elapsed();
     let deadline = start + Duration::from_secs(args.timeout_seconds);
@@ -492,6 +727,7 @@ async fn main() -> ExitCode {
         );
         return ExitCode::FAILURE;
     };
+    let operator_answers = Answers::of(&proxy.write_times_since(writes_at_start), converged);
     let children_at = children_at.unwrap_or(converged);
     eprintln!("bench: converged in {converged:?}; waiting for the operator to go quiet");
     // Events follow the status write of each reconcile: count them too.
@@ -501,6 +737,10 @@ async fn main() -> ExitCode {
     let bench_at_converged = myself();
     let reconciled = match (reconciles_before, reconciles(&operator)) {
         (Some(a), Some(b)) => Some(b - a),
+        _ => None,
+    };
+    let reconcile_times = match (reconcile_times_before, ReconcileTimes::of(&operator)) {
+        (Some(before), Some(after)) => Some(after.since(before)),
         _ => None,
     };
 
@@ -568,97 +808,26 @@ async fn main() -> ExitCode {
     let exit = operator.exit_within(Duration::from_secs(30)).await;
     drop(operator);
 
-    // 4. Baseline: the same applies from one client, no operator running, on the server as the
-    // operator found it: the operator's objects are deleted first (kept with --keep), as they
-    // would weigh on the server the baseline measures.
-    if !args.keep {
-        eprintln!("bench: deleting the operator's namespaces before the baseline");
-        for name in &namespaces {
-            if let Err(error) = delete_namespace(&client, name).await {
-                eprintln!("bench: {error}");
-                return ExitCode::FAILURE;
+    // 4. Baseline, unless it ran first: the same writes from one client, no operator running,
+    // on the server as the operator found it: the operator's objects are deleted first (kept
+    // with --keep), as they would weigh on the server the baseline measures.
+    let baseline = match first {
+        Some(baseline) => baseline,
+        None => {
+            if !args.keep {
+                eprintln!("bench: deleting the operator's namespaces before the baseline");
+                let what = "namespaces of the operator";
+                if let Err(error) =
+                    delete_all(&client, &namespaces, &run, what, deletion_limit).await
+                {
+                    eprintln!("bench: {error}");
+                    return ExitCode::FAILURE;
+                }
             }
+            let phase = (baseline_namespaces.as_slice(), base_label.as_str());
+            run_baseline(&client, &proxy, &bare, phase, &args).await
         }
-        // The baseline's namespaces, of the same run, do not exist yet.
-        let selector = format!("{BENCH_LABEL}={run}");
-        let limit = Duration::from_secs(args.timeout_seconds);
-        let what = "namespaces of the operator";
-        if let Err(error) = await_namespaces_gone(&client, &selector, what, limit).await {
-            eprintln!("bench: {error}");
-            return ExitCode::FAILURE;
-        }
-    }
-    eprintln!("bench: baseline");
-    create_namespaces(&client, &baseline_namespaces, &run).await;
-    let baseline_manifests: Vec<CdnCluster> = (0..n)
-        .map(|i| manifest(i, &baseline_namespaces, args.replicas))
-        .collect();
-    create_all(&client, &baseline_manifests).await;
-    let bare = Client::try_from(
-        Config::from_custom_kubeconfig(
-            kube::config::Kubeconfig::read_from(proxy.kubeconfig(dir.path()))
-                .expect("proxy kubeconfig"),
-            &Default::default(),
-        )
-        .await
-        .expect("proxy config"),
-    )
-    .expect("client");
-    let by_key: HashMap<(String, String), Arc<CdnCluster>> = baseline_manifests
-        .iter()
-        .map(|c| ((c.namespace().unwrap(), c.name_any()), Arc::new(c.clone())))
-        .collect();
-    let baseline_start_counts = proxy.counts();
-    let baseline_start = Instant::now();
-    futures::stream::iter(baseline_manifests.iter())
-        .for_each_concurrent(args.max_concurrent_reconciles as usize, |cluster| {
-            let bare = bare.clone();
-            let by_key = &by_key;
-            async move {
-                let ns = cluster.namespace().unwrap();
-                let upstreams = sources::resolve(cluster, |name| {
-                    by_key.get(&(ns.clone(), name.to_string())).cloned()
-                })
-                .expect("resolves");
-                let kids = build::children(cluster, &upstreams, &Default::default());
-                use cdn_operator::apply::apply_always;
-                apply_always(
-                    &Api::<ConfigMap>::namespaced(bare.clone(), &ns),
-                    kids.config_map,
-                )
-                .await
-                .expect("ConfigMap");
-                apply_always(&Api::<Service>::namespaced(bare.clone(), &ns), kids.service)
-                    .await
-                    .expect("Service");
-                let deployment = apply_always(
-                    &Api::<Deployment>::namespaced(bare.clone(), &ns),
-                    kids.deployment,
-                )
-                .await
-                .expect("Deployment");
-                let live: CdnCluster = Api::<CdnCluster>::namespaced(bare.clone(), &ns)
-                    .get(&cluster.name_any())
-                    .await
-                    .expect("get");
-                let status = status::desired(
-                    &live,
-                    Observed::Deployed(Some(&deployment)),
-                    &Time(jiff::Timestamp::now()),
-                );
-                cdn_operator::apply::apply_status(
-                    &Api::<CdnCluster>::namespaced(bare.clone(), &ns),
-                    &live,
-                    None,
-                    &status,
-                )
-                .await
-                .expect("status");
-            }
-        })
-        .await;
-    let baseline_time = baseline_start.elapsed();
-    let baseline = proxy.counts().since(&baseline_start_counts);
+    };
 
     // Report.
     let secs = |d: Duration| d.as_secs_f64();
@@ -735,17 +904,35 @@ async fn main() -> ExitCode {
     );
     println!("| operator VmRSS at the end | {} |", mib(rss));
     println!(
-        "| baseline: same applies from one client | {:.2} s, {} writes |",
-        secs(baseline_time),
-        baseline.writes()
+        "| baseline: same applies from one client{} | {:.2} s, {} writes |",
+        if args.baseline_first {
+            ", run first"
+        } else {
+            ""
+        },
+        secs(baseline.time),
+        baseline.requests.writes()
     );
     println!(
         "| operator time / baseline time | {:.2} |",
-        secs(converged) / secs(baseline_time)
+        secs(converged) / secs(baseline.time)
     );
     println!(
         "| operator writes / baseline writes | {:.2} |",
-        convergence.writes() as f64 / baseline.writes().max(1) as f64
+        convergence.writes() as f64 / baseline.requests.writes().max(1) as f64
+    );
+    println!(
+        "| why: operator reconciles during convergence: mean time; over 1 s | {} |",
+        reconcile_times
+            .map(|t| format!("{:.1} ms; {:.0}", t.mean_ms(), t.over_1s))
+            .unwrap_or_else(|| "n/a".into())
+    );
+    println!(
+        "| why: server's answers to the operator's writes until converged: p50 / p99; in flight | {operator_answers} |"
+    );
+    println!(
+        "| why: server's answers to the baseline's writes: p50 / p99; in flight | {} |",
+        baseline.answers
     );
     println!(
         "convergence requests by verb and resource: {:?}",
@@ -771,9 +958,12 @@ async fn main() -> ExitCode {
         "benchmark_process": {"cpu_seconds_convergence": cpu(bench_at_start, bench_at_converged), "peak_rss_kib": bench_at_converged.map(|u| u.peak_rss_kib)},
         "seconds_per_1000": secs(converged) * 1000.0 / n as f64,
         "operator_exit": exit.map(|s| s.to_string()),
-        "baseline_s": secs(baseline_time), "baseline_requests": baseline.0,
-        "ratio_operator_to_baseline_time": secs(converged) / secs(baseline_time),
-        "ratio_operator_to_baseline_writes": convergence.writes() as f64 / baseline.writes().max(1) as f64,
+        "baseline_first": args.baseline_first,
+        "baseline_s": secs(baseline.time), "baseline_requests": baseline.requests.0,
+        "ratio_operator_to_baseline_time": secs(converged) / secs(baseline.time),
+        "ratio_operator_to_baseline_writes": convergence.writes() as f64 / baseline.requests.writes().max(1) as f64,
+        "reconcile_time": reconcile_times.map(|t| json!({"reconciles": t.count, "mean_ms": t.mean_ms(), "over_1s": t.over_1s})),
+        "write_answers": {"operator": operator_answers, "baseline": baseline.answers},
     });
     let json_path = if args.json.is_absolute() {
         args.json.clone()
@@ -802,6 +992,29 @@ mod tests {
 
     fn has_data(c: &ConfigMap) -> bool {
         c.data.is_some()
+    }
+
+    #[test]
+    fn answers_are_summarized_with_the_writes_in_flight() {
+        let ms = |m: u64| Duration::from_millis(m);
+        let times: Vec<Duration> = (1..=100).map(ms).collect();
+        let answers = Answers::of(&times, Duration::from_secs(1));
+        // 5,050 ms of answers over 1 s: about five writes at a time.
+        assert_eq!(
+            answers,
+            Answers {
+                writes: 100,
+                p50_ms: 50.0,
+                p99_ms: 99.0,
+                in_flight: 5.05
+            }
+        );
+        assert_eq!(
+            answers.to_string(),
+            "100 writes, 50.0 ms / 99.0 ms, 5.0 in flight"
+        );
+        let none = Answers::of(&[], Duration::from_secs(1));
+        assert_eq!((none.writes, none.in_flight), (0, 0.0));
     }
 
     #[test]
