@@ -904,7 +904,7 @@ async fn main() -> ExitCode {
     );
     println!("| operator VmRSS at the end | {} |", mib(rss));
     println!(
-        "| baseline: same applies from one client{} | {:.2} s, {} writes |",
+        "| baseline: the same writes from one client{} | {:.2} s, {} writes |",
         if args.baseline_first {
             ", run first"
         } else {
