@@ -30,7 +30,7 @@ use cdn_operator_e2e::{
     connect, delete_namespace, install_crds, NamespaceGuard, Operator, OperatorOptions,
 };
 use clap::Parser;
-use futures::StreamExt;
+use futures::{Stream, StreamExt};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -343,33 +343,31 @@ impl std::fmt::Display for Answers {
     }
 }
 
-/// The operator's CdnCluster reconcile times so far, from its histogram.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-struct ReconcileTimes {
+/// The operator's CdnCluster reconciles so far: how many (`controller_runtime_reconcile_total`),
+/// and their time (`controller_runtime_reconcile_time_seconds`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Reconciles {
     count: f64,
     seconds: f64,
     over_1s: f64,
 }
 
-impl ReconcileTimes {
-    const SERIES: &str = "controller_runtime_reconcile_time_seconds";
-
-    fn of(operator: &Operator) -> Option<ReconcileTimes> {
+impl Reconciles {
+    fn of(operator: &Operator) -> Option<Reconciles> {
         let labels = "controller=\"cdncluster\"";
-        let series = |suffix: &str, labels: &str| {
-            operator.metric_sum(&format!("{}_{suffix}", Self::SERIES), labels)
-        };
-        let count = series("count", labels)?;
-        let within_1s = series("bucket", &format!("le=\"1.0\",{labels}"))?;
-        Some(ReconcileTimes {
-            count,
-            seconds: series("sum", labels)?,
-            over_1s: count - within_1s,
+        let metric = |name: &str, labels: &str| operator.metric_sum(name, labels);
+        let time = "controller_runtime_reconcile_time_seconds";
+        let timed = metric(&format!("{time}_count"), labels)?;
+        let within_1s = metric(&format!("{time}_bucket"), &format!("le=\"1.0\",{labels}"))?;
+        Some(Reconciles {
+            count: metric("controller_runtime_reconcile_total", labels)?,
+            seconds: metric(&format!("{time}_sum"), labels)?,
+            over_1s: timed - within_1s,
         })
     }
 
-    fn since(self, before: ReconcileTimes) -> ReconcileTimes {
-        ReconcileTimes {
+    fn since(self, before: Reconciles) -> Reconciles {
+        Reconciles {
             count: self.count - before.count,
             seconds: self.seconds - before.seconds,
             over_1s: self.over_1s - before.over_1s,
@@ -443,7 +441,7 @@ async fn run_baseline(
     let manifests: Vec<CdnCluster> = (0..args.clusters)
         .map(|i| manifest(i, namespaces, args.replicas))
         .collect();
-    let created = create_all(client, &manifests).await;
+    let created: Vec<CdnCluster> = create_all(client, &manifests).collect().await;
     let by_key: HashMap<(String, String), Arc<CdnCluster>> = created
         .iter()
         .map(|c| ((c.namespace().unwrap(), c.name_any()), Arc::new(c.clone())))
@@ -544,8 +542,12 @@ async fn create_namespaces(client: &Client, names: &[String], label: &str) {
     }
 }
 
-/// Creates `clusters`; answers them as the server created them.
-async fn create_all(client: &Client, clusters: &[CdnCluster]) -> Vec<CdnCluster> {
+/// Creates `clusters`, 32 at a time: the server's answers, as they come. Whoever needs none
+/// drops each as it comes, and keeps no 10,000 of them on the machine it measures.
+fn create_all<'a>(
+    client: &'a Client,
+    clusters: &'a [CdnCluster],
+) -> impl Stream<Item = CdnCluster> + 'a {
     futures::stream::iter(clusters.iter().cloned())
         .map(|c| {
             let api: Api<CdnCluster> = Api::namespaced(client.clone(), &c.namespace().unwrap());
@@ -556,8 +558,6 @@ async fn create_all(client: &Client, clusters: &[CdnCluster]) -> Vec<CdnCluster>
             }
         })
         .buffer_unordered(32)
-        .collect()
-        .await
 }
 
 #[tokio::main]
@@ -651,14 +651,7 @@ async fn main() -> ExitCode {
     let mut operator = options.start("bench").await;
     settle(&proxy, Duration::from_secs(2), Duration::from_secs(60)).await;
     let startup = proxy.counts();
-    let reconciles = |op: &Operator| {
-        op.metric_sum(
-            "controller_runtime_reconcile_total",
-            "controller=\"cdncluster\"",
-        )
-    };
-    let reconciles_before = reconciles(&operator);
-    let reconcile_times_before = ReconcileTimes::of(&operator);
+    let reconciles_before = Reconciles::of(&operator);
     let at_start = operator.usage();
     let myself = || cdn_operator_e2e::Usage::of(std::process::id());
     let bench_at_start = myself();
@@ -701,7 +694,7 @@ async fn main() -> ExitCode {
     );
     let start = Instant::now();
     let writes_at_start = proxy.writes_answered();
-    create_all(&client, &manifests).await;
+    create_all(&client, &manifests).for_each(|_| async {}).await;
     let created = start.elapsed();
     let deadline = start + Duration::from_secs(args.timeout_seconds);
     let mut children_at = None;
@@ -735,14 +728,11 @@ async fn main() -> ExitCode {
     let convergence = proxy.counts().since(&startup);
     let at_converged = operator.usage();
     let bench_at_converged = myself();
-    let reconciled = match (reconciles_before, reconciles(&operator)) {
-        (Some(a), Some(b)) => Some(b - a),
-        _ => None,
-    };
-    let reconcile_times = match (reconcile_times_before, ReconcileTimes::of(&operator)) {
+    let reconciles = match (reconciles_before, Reconciles::of(&operator)) {
         (Some(before), Some(after)) => Some(after.since(before)),
         _ => None,
     };
+    let reconciled = reconciles.map(|r| r.count);
 
     // 2. Steady state.
     eprintln!(
@@ -923,7 +913,7 @@ async fn main() -> ExitCode {
     );
     println!(
         "| why: operator reconciles during convergence: mean time; over 1 s | {} |",
-        reconcile_times
+        reconciles
             .map(|t| format!("{:.1} ms; {:.0}", t.mean_ms(), t.over_1s))
             .unwrap_or_else(|| "n/a".into())
     );
@@ -962,7 +952,7 @@ async fn main() -> ExitCode {
         "baseline_s": secs(baseline.time), "baseline_requests": baseline.requests.0,
         "ratio_operator_to_baseline_time": secs(converged) / secs(baseline.time),
         "ratio_operator_to_baseline_writes": convergence.writes() as f64 / baseline.requests.writes().max(1) as f64,
-        "reconcile_time": reconcile_times.map(|t| json!({"reconciles": t.count, "mean_ms": t.mean_ms(), "over_1s": t.over_1s})),
+        "reconcile_time": reconciles.map(|t| json!({"reconciles": t.count, "mean_ms": t.mean_ms(), "over_1s": t.over_1s})),
         "write_answers": {"operator": operator_answers, "baseline": baseline.answers},
     });
     let json_path = if args.json.is_absolute() {
