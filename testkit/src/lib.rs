@@ -12,6 +12,6 @@ pub mod wait;
 
 pub use http::{free_port, http_get, http_get_accepting, https_get, tls_certificate, Reply};
 pub use metrics::{has_line, metric_sum, sample};
-pub use process::{run_with_stdin, Operator, Signal, Usage, SIGINT, SIGTERM};
+pub use process::{run_with_stdin, Operator, Signal, Switches, Usage, SIGINT, SIGTERM};
 pub use race::racing;
 pub use wait::{blocking, eventually, on_own_thread, poll};

@@ -223,6 +223,16 @@ pub struct Usage {
     pub peak_rss_kib: u64,
     /// User and system CPU time.
     pub cpu_seconds: f64,
+    /// Context switches of its live threads: voluntary (a thread waited, then was woken) and
+    /// involuntary (preempted by another process).
+    pub switches: Switches,
+}
+
+/// Context switches, from each thread's /proc status.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Switches {
+    pub voluntary: u64,
+    pub involuntary: u64,
 }
 
 impl Usage {
@@ -230,10 +240,18 @@ impl Usage {
         let process = procfs::process::Process::new(i32::try_from(pid).ok()?).ok()?;
         let status = process.status().ok()?;
         let stat = process.stat().ok()?;
+        let mut switches = Switches::default();
+        for task in process.tasks().ok()?.flatten() {
+            // A thread that ended between the listing and the read has nothing left to count.
+            let Ok(status) = task.status() else { continue };
+            switches.voluntary += status.voluntary_ctxt_switches.unwrap_or_default();
+            switches.involuntary += status.nonvoluntary_ctxt_switches.unwrap_or_default();
+        }
         Some(Usage {
             rss_kib: status.vmrss?,
             peak_rss_kib: status.vmhwm?,
             cpu_seconds: (stat.utime + stat.stime) as f64 / procfs::ticks_per_second() as f64,
+            switches,
         })
     }
 }
@@ -253,4 +271,19 @@ pub fn run_with_stdin(command: &mut Command, stdin: &str) -> std::io::Result<std
         .expect("piped")
         .write_all(stdin.as_bytes());
     child.wait_with_output()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn usage_counts_a_thread_that_waits() {
+        let own = || Usage::of(std::process::id()).expect("this process's usage");
+        let before = own().switches;
+        std::thread::sleep(Duration::from_millis(20));
+        let after = own().switches;
+        assert!(after.voluntary > before.voluntary, "{before:?} → {after:?}");
+        assert!(after.involuntary >= before.involuntary);
+    }
 }

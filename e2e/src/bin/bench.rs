@@ -9,18 +9,24 @@
 //!   counted by verb and resource; reconciles from its `controller_runtime_reconcile_total`;
 //! - writes during the steady state: the proxy's write count, and the resourceVersion changes of
 //!   the CdnClusters and children seen by watches (target 0);
-//! - latency from a spec change to the child updated (the ConfigMap, seen by a watch): p50, p99;
+//! - latency from a spec change to the child updated (the ConfigMap, seen by a watch): p50, p99,
+//!   and the server's answers to the change and to the operator's writes meanwhile;
 //! - the operator's VmRSS after the steady state and at the end, its peak (VmHWM), and its CPU
 //!   seconds in each phase (convergence, steady state, spec changes); the time per 1,000;
-//! - the bare-client baseline: the same writes (children and status applied, the Event created,
-//!   through the operator's own apply and Event paths and the same proxy and concurrency) from one
-//!   client that reads nothing; the ratio;
+//! - the bare-client baseline: the same creates, sent as in the operator's phase, and the same
+//!   writes (children and status applied, the Event created, through the operator's own apply and
+//!   Event paths and the same proxy and concurrency) from one client that reads nothing, each
+//!   CdnCluster written once it and its sources are created; timed from the first create, as the
+//!   operator is; the ratio;
 //! - why a phase took its time: the server's answer times to its writes (p50, p99) and how many
 //!   writes were in flight on average, for the operator and the baseline; the operator's mean
-//!   reconcile time and its reconciles over 1 s (its `controller_runtime_reconcile_time_seconds`).
+//!   reconcile time and its reconciles over 1 s (its `controller_runtime_reconcile_time_seconds`);
+//!   the operator's context switches per CdnCluster (its wake-ups, and its preemptions).
 
 use cdn_operator::api::{CdnCluster, Role, State};
 use cdn_operator::apply::Change;
+use cdn_operator::cdncluster::nginx::Upstream;
+use cdn_operator::cdncluster::sources::Problem;
 use cdn_operator::cdncluster::status::{self, ChildChange, Observed};
 use cdn_operator::cdncluster::{build, sources};
 use cdn_operator::compact::Compact;
@@ -417,17 +423,54 @@ async fn await_namespaces_gone(
     }
 }
 
-/// What the bare-client baseline took: its time, its requests, the server's answers to its
+/// What the bare-client baseline took: its time from the first create, and from its first write
+/// (how it was timed before the creates counted), its requests, the server's answers to its
 /// writes.
 struct Baseline {
     time: Duration,
+    from_first_write: Duration,
     requests: cdn_operator_e2e::proxy::Counts,
     answers: Answers,
 }
 
-/// The baseline: the operator's writes for the same CdnClusters (children, then status, then
-/// the Event, through its own apply and Event paths) from one client, `bare`, through the proxy
-/// at the operator's concurrency, into fresh namespaces labelled `label`. It reads nothing: the
+/// The order of the baseline's work: each CdnCluster as its create answered, once every
+/// CdnCluster it names as a source has been created too, as the operator waits for its sources.
+#[derive(Default)]
+struct Ready {
+    created: HashMap<(String, String), Arc<CdnCluster>>,
+    waiting: Vec<Arc<CdnCluster>>,
+}
+
+impl Ready {
+    /// The CdnClusters `created` makes ready (itself, and those that waited for it), with their
+    /// sources resolved.
+    fn arrived(&mut self, created: CdnCluster) -> Vec<(Arc<CdnCluster>, Vec<Upstream>)> {
+        let created = Arc::new(created);
+        let key = (created.namespace().unwrap_or_default(), created.name_any());
+        self.created.insert(key, created.clone());
+        self.waiting.push(created);
+        let (all, mut ready) = (&self.created, Vec::new());
+        self.waiting.retain(|cluster| {
+            let ns = cluster.namespace().unwrap_or_default();
+            let lookup = |name: &str| all.get(&(ns.clone(), name.to_string())).cloned();
+            match sources::resolve(cluster, lookup) {
+                Ok(upstreams) => {
+                    ready.push((cluster.clone(), upstreams));
+                    false
+                }
+                Err(Problem::Missing(_)) => true,
+                Err(Problem::Invalid(why)) => panic!("{}: {why}", cluster.name_any()),
+            }
+        });
+        ready
+    }
+}
+
+/// The baseline: the user's creates and the operator's writes for the same CdnClusters
+/// (children, then status, then the Event, through its own apply and Event paths), into fresh
+/// namespaces labelled `label`. The creates go as in the operator's phase (`create_all`, on
+/// their own, timed from the first); one client, `bare`, writes for each CdnCluster as soon as
+/// it is ready (`Ready`), through the proxy at the operator's concurrency. It reads nothing: the
 /// CdnClusters are as their creation answered them, as the operator finds them in its cache.
 async fn run_baseline(
     client: &Client,
@@ -441,73 +484,94 @@ async fn run_baseline(
     let manifests: Vec<CdnCluster> = (0..args.clusters)
         .map(|i| manifest(i, namespaces, args.replicas))
         .collect();
-    let created: Vec<CdnCluster> = create_all(client, &manifests).collect().await;
-    let by_key: HashMap<(String, String), Arc<CdnCluster>> = created
-        .iter()
-        .map(|c| ((c.namespace().unwrap(), c.name_any()), Arc::new(c.clone())))
-        .collect();
     let events = Events::new(bare.clone(), None);
     let counts_at_start = proxy.counts();
     let writes_mark = proxy.writes_answered();
+    let (ready_tx, ready_rx) = futures::channel::mpsc::unbounded();
     let start = Instant::now();
-    futures::stream::iter(created.iter())
-        .for_each_concurrent(args.max_concurrent_reconciles as usize, |cluster| {
-            let (by_key, events) = (&by_key, &events);
-            async move {
-                let ns = cluster.namespace().unwrap();
-                let upstreams = sources::resolve(cluster, |name| {
-                    by_key.get(&(ns.clone(), name.to_string())).cloned()
-                })
-                .expect("resolves");
-                let kids = build::children(cluster, &upstreams, &Default::default());
-                let changes: Vec<ChildChange> = [
-                    kids.config_map.object_ref(&()),
-                    kids.service.object_ref(&()),
-                    kids.deployment.object_ref(&()),
-                ]
-                .into_iter()
-                .map(|child| ChildChange {
-                    child,
-                    change: Change::Created,
-                })
-                .collect();
-                use cdn_operator::apply::apply_always;
-                apply_always(
-                    &Api::<ConfigMap>::namespaced(bare.clone(), &ns),
-                    kids.config_map,
-                )
-                .await
-                .expect("ConfigMap");
-                apply_always(&Api::<Service>::namespaced(bare.clone(), &ns), kids.service)
-                    .await
-                    .expect("Service");
-                let deployment = apply_always(
-                    &Api::<Deployment>::namespaced(bare.clone(), &ns),
-                    kids.deployment,
-                )
-                .await
-                .expect("Deployment");
-                let observed = Observed::Deployed(Some(&deployment));
-                let now = Time(jiff::Timestamp::now());
-                let status = status::desired(cluster, observed, &now);
-                let notices = status::notices(cluster, &status, &observed, &changes);
-                cdn_operator::apply::apply_status(
-                    &Api::<CdnCluster>::namespaced(bare.clone(), &ns),
-                    cluster,
-                    None,
-                    &status,
-                )
-                .await
-                .expect("status");
-                for notice in notices {
-                    events.publish(cluster, notice).await;
+    let creates = tokio::spawn({
+        let client = client.clone();
+        async move {
+            let mut order = Ready::default();
+            let mut created = std::pin::pin!(create_all(&client, &manifests));
+            while let Some(cluster) = created.next().await {
+                for ready in order.arrived(cluster) {
+                    ready_tx
+                        .unbounded_send(ready)
+                        .expect("the baseline's writer");
                 }
             }
-        })
+            order.waiting.len()
+        }
+    });
+    let first_write = std::sync::OnceLock::new();
+    ready_rx
+        .for_each_concurrent(
+            args.max_concurrent_reconciles as usize,
+            |(cluster, upstreams)| {
+                let (events, first_write) = (&events, &first_write);
+                async move {
+                    first_write.get_or_init(Instant::now);
+                    let cluster: &CdnCluster = &cluster;
+                    let ns = cluster.namespace().unwrap();
+                    let kids = build::children(cluster, &upstreams, &Default::default());
+                    let changes: Vec<ChildChange> = [
+                        kids.config_map.object_ref(&()),
+                        kids.service.object_ref(&()),
+                        kids.deployment.object_ref(&()),
+                    ]
+                    .into_iter()
+                    .map(|child| ChildChange {
+                        child,
+                        change: Change::Created,
+                    })
+                    .collect();
+                    use cdn_operator::apply::apply_always;
+                    apply_always(
+                        &Api::<ConfigMap>::namespaced(bare.clone(), &ns),
+                        kids.config_map,
+                    )
+                    .await
+                    .expect("ConfigMap");
+                    apply_always(&Api::<Service>::namespaced(bare.clone(), &ns), kids.service)
+                        .await
+                        .expect("Service");
+                    let deployment = apply_always(
+                        &Api::<Deployment>::namespaced(bare.clone(), &ns),
+                        kids.deployment,
+                    )
+                    .await
+                    .expect("Deployment");
+                    let observed = Observed::Deployed(Some(&deployment));
+                    let now = Time(jiff::Timestamp::now());
+                    let status = status::desired(cluster, observed, &now);
+                    let notices = status::notices(cluster, &status, &observed, &changes);
+                    cdn_operator::apply::apply_status(
+                        &Api::<CdnCluster>::namespaced(bare.clone(), &ns),
+                        cluster,
+                        None,
+                        &status,
+                    )
+                    .await
+                    .expect("status");
+                    for notice in notices {
+                        events.publish(cluster, notice).await;
+                    }
+                }
+            },
+        )
         .await;
-    let time = start.elapsed();
+    let end = Instant::now();
+    let time = end - start;
+    let never_ready = creates.await.expect("the baseline's creates");
+    assert_eq!(
+        never_ready, 0,
+        "CdnClusters whose sources were never created"
+    );
+    let from_first_write = first_write.get().map_or(time, |at| end - *at);
     Baseline {
         time,
+        from_first_write,
         requests: proxy.counts().since(&counts_at_start),
         answers: Answers::of(&proxy.write_times_since(writes_mark), time),
     }
@@ -617,6 +681,34 @@ async fn main() -> ExitCode {
         .expect("proxy config"),
     )
     .expect("client");
+    // Watching from here on, so that the server serves these watches in both phases alike (they
+    // see the baseline's objects too, and count the operator's only).
+    let children = watcher::Config::default().labels("app.kubernetes.io/managed-by=cdn-operator");
+    let tick = Arc::new(watch::Sender::new(()));
+    let written = |c: &CdnCluster| {
+        c.status.as_ref().is_some_and(|st| {
+            st.observed_generation == c.metadata.generation
+                && matches!(st.state, Some(State::Deploying | State::Running))
+        })
+    };
+    let clusters_seen = track(
+        watcher(
+            Api::<CdnCluster>::all(client.clone()),
+            watcher::Config::default().labels(&format!("{BENCH_LABEL}=true")),
+        ),
+        ours.clone(),
+        written,
+        tick.clone(),
+    );
+    let deployments = track_children::<Deployment>(&client, &children, &ours, &tick);
+    let config_maps = track_children::<ConfigMap>(&client, &children, &ours, &tick);
+    let services = track_children::<Service>(&client, &children, &ours, &tick);
+    let seen = [&clusters_seen, &deployments, &config_maps, &services];
+    let limit = Instant::now() + Duration::from_secs(60);
+    if !wait_for(&tick, limit, || seen.iter().all(|s| s.listed())).await {
+        eprintln!("bench: the benchmark's watches did not list within 60s");
+        return ExitCode::FAILURE;
+    }
     let deletion_limit = Duration::from_secs(args.timeout_seconds);
     let first = if args.baseline_first {
         let phase = (baseline_namespaces.as_slice(), base_label.as_str());
@@ -656,32 +748,6 @@ async fn main() -> ExitCode {
     let myself = || cdn_operator_e2e::Usage::of(std::process::id());
     let bench_at_start = myself();
 
-    let children = watcher::Config::default().labels("app.kubernetes.io/managed-by=cdn-operator");
-    let tick = Arc::new(watch::Sender::new(()));
-    let written = |c: &CdnCluster| {
-        c.status.as_ref().is_some_and(|st| {
-            st.observed_generation == c.metadata.generation
-                && matches!(st.state, Some(State::Deploying | State::Running))
-        })
-    };
-    let clusters_seen = track(
-        watcher(
-            Api::<CdnCluster>::all(client.clone()),
-            watcher::Config::default().labels(&format!("{BENCH_LABEL}=true")),
-        ),
-        ours.clone(),
-        written,
-        tick.clone(),
-    );
-    let deployments = track_children::<Deployment>(&client, &children, &ours, &tick);
-    let config_maps = track_children::<ConfigMap>(&client, &children, &ours, &tick);
-    let services = track_children::<Service>(&client, &children, &ours, &tick);
-    let seen = [&clusters_seen, &deployments, &config_maps, &services];
-    let limit = Instant::now() + Duration::from_secs(60);
-    if !wait_for(&tick, limit, || seen.iter().all(|s| s.listed())).await {
-        eprintln!("bench: the benchmark's watches did not list within 60s");
-        return ExitCode::FAILURE;
-    }
     let changes = || seen.iter().map(|s| s.changes()).sum::<u64>();
 
     // 1. Convergence.
@@ -754,6 +820,10 @@ async fn main() -> ExitCode {
         .collect();
     eprintln!("bench: timing {} spec changes", caches.len());
     let mut latencies = Vec::new();
+    // Why a change took its time: the server's answer to the change itself, and to the
+    // operator's writes meanwhile.
+    let mut change_answers = Vec::new();
+    let (changes_start, changes_mark) = (Instant::now(), proxy.writes_answered());
     for (k, cache) in caches.iter().enumerate() {
         let ns = cache.namespace().unwrap();
         let config_map = format!("{ns}/{}", build::config_map_name(&cache.name_any()));
@@ -768,6 +838,7 @@ async fn main() -> ExitCode {
         )
         .await
         .expect("spec change");
+        change_answers.push(t.elapsed().as_secs_f64() * 1000.0);
         let limit = t + Duration::from_secs(60);
         if wait_for(&tick, limit, || config_maps.version(&config_map) != before).await {
             latencies.push(t.elapsed().as_secs_f64() * 1000.0);
@@ -776,6 +847,11 @@ async fn main() -> ExitCode {
         }
     }
     latencies.sort_by(|a, b| a.total_cmp(b));
+    change_answers.sort_by(|a, b| a.total_cmp(b));
+    let operator_answers_to_changes = Answers::of(
+        &proxy.write_times_since(changes_mark),
+        changes_start.elapsed(),
+    );
     let at_end = operator.usage();
     let rss = at_end.map(|u| u.rss_kib);
     let cpu = |from: Option<cdn_operator_e2e::Usage>, to: Option<cdn_operator_e2e::Usage>| {
@@ -788,6 +864,15 @@ async fn main() -> ExitCode {
     let seconds = |s: Option<f64>| {
         s.map(|s| format!("{s:.2} s"))
             .unwrap_or_else(|| "n/a".into())
+    };
+    // Each voluntary switch is a wake-up, after which the operator's data is no longer in the
+    // caches the server's processes shared meanwhile; involuntary ones are preemptions.
+    let switches = match (at_start, at_converged) {
+        (Some(from), Some(to)) => Some((
+            (to.switches.voluntary - from.switches.voluntary) as f64 / n as f64,
+            (to.switches.involuntary - from.switches.involuntary) as f64 / n as f64,
+        )),
+        _ => None,
     };
     let (cpu_converge, cpu_steady, cpu_changes) = (
         cpu(at_start, at_converged),
@@ -873,6 +958,11 @@ async fn main() -> ExitCode {
         percentile(&latencies, 99.0)
     );
     println!(
+        "| why: spec changes: the server's answer to the change p50 / p99; to the operator's writes meanwhile | {:.1} ms / {:.1} ms; {operator_answers_to_changes} |",
+        percentile(&change_answers, 50.0),
+        percentile(&change_answers, 99.0)
+    );
+    println!(
         "| time per 1,000 CdnClusters (every status written) | {:.2} s |",
         secs(converged) * 1000.0 / n as f64
     );
@@ -894,13 +984,14 @@ async fn main() -> ExitCode {
     );
     println!("| operator VmRSS at the end | {} |", mib(rss));
     println!(
-        "| baseline: the same writes from one client{} | {:.2} s, {} writes |",
+        "| baseline: the creates and the same writes from one client{} | {:.2} s ({:.2} s from its first write), {} writes |",
         if args.baseline_first {
             ", run first"
         } else {
             ""
         },
         secs(baseline.time),
+        secs(baseline.from_first_write),
         baseline.requests.writes()
     );
     println!(
@@ -915,6 +1006,12 @@ async fn main() -> ExitCode {
         "| why: operator reconciles during convergence: mean time; over 1 s | {} |",
         reconciles
             .map(|t| format!("{:.1} ms; {:.0}", t.mean_ms(), t.over_1s))
+            .unwrap_or_else(|| "n/a".into())
+    );
+    println!(
+        "| why: operator context switches per CdnCluster during convergence: voluntary / involuntary | {} |",
+        switches
+            .map(|(v, i)| format!("{v:.1} / {i:.1}"))
             .unwrap_or_else(|| "n/a".into())
     );
     println!(
@@ -940,7 +1037,9 @@ async fn main() -> ExitCode {
         "writes_per_reconcile": per(convergence.writes(), reconciled),
         "steady_seconds": args.steady_seconds, "steady_writes": steady.writes(), "steady_requests": steady.0,
         "steady_resource_version_changes": steady_rv_changes,
-        "spec_change_latency_ms": {"samples": latencies.len(), "p50": percentile(&latencies, 50.0), "p99": percentile(&latencies, 99.0)},
+        "spec_change_latency_ms": {"samples": latencies.len(), "p50": percentile(&latencies, 50.0), "p99": percentile(&latencies, 99.0),
+            "change_answer_p50": percentile(&change_answers, 50.0), "change_answer_p99": percentile(&change_answers, 99.0),
+            "operator_write_answers": operator_answers_to_changes},
         "operator_rss_kib": rss,
         "operator_steady_rss_kib": at_steady.map(|u| u.rss_kib),
         "operator_peak_rss_kib": at_end.map(|u| u.peak_rss_kib),
@@ -949,11 +1048,12 @@ async fn main() -> ExitCode {
         "seconds_per_1000": secs(converged) * 1000.0 / n as f64,
         "operator_exit": exit.map(|s| s.to_string()),
         "baseline_first": args.baseline_first,
-        "baseline_s": secs(baseline.time), "baseline_requests": baseline.requests.0,
+        "baseline_s": secs(baseline.time), "baseline_from_first_write_s": secs(baseline.from_first_write), "baseline_requests": baseline.requests.0,
         "ratio_operator_to_baseline_time": secs(converged) / secs(baseline.time),
         "ratio_operator_to_baseline_writes": convergence.writes() as f64 / baseline.requests.writes().max(1) as f64,
         "reconcile_time": reconciles.map(|t| json!({"reconciles": t.count, "mean_ms": t.mean_ms(), "over_1s": t.over_1s})),
         "write_answers": {"operator": operator_answers, "baseline": baseline.answers},
+        "operator_switches_per_cluster": switches.map(|(v, i)| json!({"voluntary": v, "involuntary": i})),
     });
     let json_path = if args.json.is_absolute() {
         args.json.clone()
@@ -982,6 +1082,30 @@ mod tests {
 
     fn has_data(c: &ConfigMap) -> bool {
         c.data.is_some()
+    }
+
+    #[test]
+    fn the_baseline_writes_a_balancer_once_its_caches_are_created() {
+        let namespaces = ["a".to_string()];
+        let mut order = Ready::default();
+        let names = |ready: Vec<(Arc<CdnCluster>, Vec<Upstream>)>| {
+            ready
+                .into_iter()
+                .map(|(c, upstreams)| (c.name_any(), upstreams.len()))
+                .collect::<Vec<_>>()
+        };
+        // The balancer is created first, as in the operator's phase: it waits for its nine caches.
+        assert_eq!(names(order.arrived(manifest(0, &namespaces, 1))), vec![]);
+        for i in 1..9 {
+            let cache = names(order.arrived(manifest(i, &namespaces, 1)));
+            assert_eq!(cache, vec![(format!("c0-{i}"), 1)]);
+        }
+        assert_eq!(order.waiting.len(), 1);
+        assert_eq!(
+            names(order.arrived(manifest(9, &namespaces, 1))),
+            vec![("b0".to_string(), 9), ("c0-9".to_string(), 1)]
+        );
+        assert!(order.waiting.is_empty());
     }
 
     #[test]
