@@ -65,6 +65,27 @@ struct Seen {
     /// Each write's time from forwarding to the server's response headers, in microseconds, in
     /// the order answered: whether a slow phase was the server's answers or the client's pace.
     write_micros: Vec<u32>,
+    /// Each write with its path and times, once [`Proxy::log_writes`] turned it on (not while
+    /// converging: it would hold one path per write).
+    logged: Option<Vec<LoggedWrite>>,
+}
+
+/// A write as the proxy forwarded it: when, to which path, and how long the server took.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LoggedWrite {
+    pub path: String,
+    pub forwarded: Instant,
+    pub answer: Duration,
+}
+
+/// The first write to `path` forwarded at or after `since`.
+fn first_write_to<'a>(
+    log: &'a [LoggedWrite],
+    path: &str,
+    since: Instant,
+) -> Option<&'a LoggedWrite> {
+    log.iter()
+        .find(|write| write.forwarded >= since && write.path == path)
 }
 
 pub struct Proxy {
@@ -112,6 +133,17 @@ impl Proxy {
             .iter()
             .map(|&us| Duration::from_micros(us.into()))
             .collect()
+    }
+
+    /// From now on, logs each write with its path and times, for [`Proxy::first_write_to`].
+    pub fn log_writes(&self) {
+        self.lock().logged.get_or_insert_with(Vec::new);
+    }
+
+    /// The first logged write to `path` (without its query) forwarded at or after `since`.
+    pub fn first_write_to(&self, path: &str, since: Instant) -> Option<LoggedWrite> {
+        let seen = self.lock();
+        first_write_to(seen.logged.as_deref().unwrap_or_default(), path, since).cloned()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Seen> {
@@ -177,6 +209,7 @@ async fn forward(
     let (parts, body) = request.into_parts();
     let key = classify(&parts.method, parts.uri.path(), parts.uri.query());
     let write = is_write(&key);
+    let path = parts.uri.path().to_owned();
     *seen
         .lock()
         .expect("proxy lock")
@@ -208,8 +241,17 @@ async fn forward(
     let sent = Instant::now();
     let answer = client.send(forwarded).await;
     if write {
-        let micros = u32::try_from(sent.elapsed().as_micros()).unwrap_or(u32::MAX);
-        seen.lock().expect("proxy lock").write_micros.push(micros);
+        let answer = sent.elapsed();
+        let micros = u32::try_from(answer.as_micros()).unwrap_or(u32::MAX);
+        let mut seen = seen.lock().expect("proxy lock");
+        seen.write_micros.push(micros);
+        if let Some(log) = &mut seen.logged {
+            log.push(LoggedWrite {
+                path,
+                forwarded: sent,
+                answer,
+            });
+        }
     }
     match answer {
         Ok(mut response) => {
@@ -283,6 +325,32 @@ mod tests {
         for (method, path, query, want) in cases {
             assert_eq!(classify(&method, path, query), want, "{method} {path}");
         }
+    }
+
+    #[test]
+    fn the_first_write_to_a_path_is_the_first_forwarded_since_the_mark() {
+        let start = Instant::now();
+        let write = |path: &str, after_ms: u64| LoggedWrite {
+            path: path.to_string(),
+            forwarded: start + Duration::from_millis(after_ms),
+            answer: Duration::from_millis(after_ms + 1),
+        };
+        let (cm, other) = (
+            "/api/v1/namespaces/a/configmaps/b-nginx",
+            "/api/v1/namespaces/a/services/b",
+        );
+        let log = [write(cm, 1), write(other, 5), write(cm, 7), write(cm, 9)];
+        let since = start + Duration::from_millis(2);
+        assert_eq!(first_write_to(&log, cm, since), Some(&log[2]));
+        assert_eq!(first_write_to(&log, other, since), Some(&log[1]));
+        assert_eq!(
+            first_write_to(&log, other, start + Duration::from_millis(6)),
+            None
+        );
+        assert_eq!(
+            first_write_to(&log, "/api/v1/namespaces/a/configmaps/c", start),
+            None
+        );
     }
 
     #[test]

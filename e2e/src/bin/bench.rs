@@ -10,7 +10,8 @@
 //! - writes during the steady state: the proxy's write count, and the resourceVersion changes of
 //!   the CdnClusters and children seen by watches (target 0);
 //! - latency from a spec change to the child updated (the ConfigMap, seen by a watch): p50, p99,
-//!   and the server's answers to the change and to the operator's writes meanwhile;
+//!   the server's answers to the change and to the operator's writes meanwhile, and, for each
+//!   change, when the proxy forwarded the operator's ConfigMap apply and how long it took;
 //! - the operator's VmRSS after the steady state and at the end, its peak (VmHWM), and its CPU
 //!   seconds in each phase (convergence, steady state, spec changes); the time per 1,000;
 //! - the bare-client baseline: the same creates, sent as in the operator's phase, and the same
@@ -31,7 +32,7 @@ use cdn_operator::cdncluster::status::{self, ChildChange, Observed};
 use cdn_operator::cdncluster::{build, sources};
 use cdn_operator::compact::Compact;
 use cdn_operator::events::Events;
-use cdn_operator_e2e::proxy::Proxy;
+use cdn_operator_e2e::proxy::{LoggedWrite, Proxy};
 use cdn_operator_e2e::{
     connect, delete_namespace, install_crds, NamespaceGuard, Operator, OperatorOptions,
 };
@@ -346,6 +347,98 @@ impl std::fmt::Display for Answers {
             "{} writes, {:.1} ms / {:.1} ms, {:.1} in flight",
             self.writes, self.p50_ms, self.p99_ms, self.in_flight
         )
+    }
+}
+
+/// The first write to `path` since `since` as the proxy logged it, waiting up to a second: it
+/// logs a write once answered, which can come after a watch showed the write.
+async fn logged_write(proxy: &Proxy, path: &str, since: Instant) -> Option<LoggedWrite> {
+    let limit = Instant::now() + Duration::from_secs(1);
+    loop {
+        let write = proxy.first_write_to(path, since);
+        if write.is_some() || Instant::now() > limit {
+            return write;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// One spec change, in milliseconds from its request: when the server answered it, when the
+/// benchmark's own watch saw the change (about when the operator's did: the server sends both),
+/// when the proxy forwarded the operator's ConfigMap apply, and how long that apply took to
+/// answer. What remains of `total` is the ConfigMap's watch event reaching the benchmark.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+struct ChangeSample {
+    total: f64,
+    change_answer: f64,
+    event_seen: Option<f64>,
+    apply_sent: Option<f64>,
+    apply_answer: Option<f64>,
+}
+
+impl std::fmt::Display for ChangeSample {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let or_none = |v: Option<f64>| v.map_or("none".into(), |v| format!("{v:.1}"));
+        write!(
+            f,
+            "{:.1} = {:.1}, {}, {}, {} ms",
+            self.total,
+            self.change_answer,
+            or_none(self.event_seen),
+            or_none(self.apply_sent),
+            or_none(self.apply_answer)
+        )
+    }
+}
+
+/// Where the spec changes' time went: the change's watch event, the operator's reaction to it,
+/// the server's answer to the operator's apply, and the three slowest changes.
+#[derive(Debug, PartialEq, serde::Serialize)]
+struct ChangePath {
+    event_seen_p50: f64,
+    event_seen_p99: f64,
+    /// From the benchmark's sight of the change to the operator's apply forwarded: the
+    /// operator's own part (with one hop through the proxy each way).
+    reaction_p50: f64,
+    reaction_p99: f64,
+    apply_sent_p50: f64,
+    apply_sent_p99: f64,
+    apply_answer_p50: f64,
+    apply_answer_p99: f64,
+    /// Changes whose apply the proxy did not see (another writer's, or none).
+    applies_missing: usize,
+    slowest: Vec<ChangeSample>,
+}
+
+impl ChangePath {
+    fn of(samples: &[ChangeSample]) -> ChangePath {
+        let sorted = |pick: fn(&ChangeSample) -> Option<f64>| {
+            let mut values: Vec<f64> = samples.iter().filter_map(pick).collect();
+            values.sort_by(|a, b| a.total_cmp(b));
+            values
+        };
+        let (sent, answer) = (sorted(|s| s.apply_sent), sorted(|s| s.apply_answer));
+        let seen = sorted(|s| s.event_seen);
+        let reaction = sorted(|s| Some(s.apply_sent? - s.event_seen?));
+        let mut slowest = samples.to_vec();
+        slowest.sort_by(|a, b| b.total.total_cmp(&a.total));
+        slowest.truncate(3);
+        ChangePath {
+            event_seen_p50: percentile(&seen, 50.0),
+            event_seen_p99: percentile(&seen, 99.0),
+            reaction_p50: percentile(&reaction, 50.0),
+            reaction_p99: percentile(&reaction, 99.0),
+            apply_sent_p50: percentile(&sent, 50.0),
+            apply_sent_p99: percentile(&sent, 99.0),
+            apply_answer_p50: percentile(&answer, 50.0),
+            apply_answer_p99: percentile(&answer, 99.0),
+            applies_missing: samples.len() - sent.len(),
+            slowest,
+        }
     }
 }
 
@@ -823,31 +916,63 @@ async fn main() -> ExitCode {
     // Why a change took its time: the server's answer to the change itself, and to the
     // operator's writes meanwhile.
     let mut change_answers = Vec::new();
+    let mut samples = Vec::new();
+    proxy.log_writes();
     let (changes_start, changes_mark) = (Instant::now(), proxy.writes_answered());
     for (k, cache) in caches.iter().enumerate() {
         let ns = cache.namespace().unwrap();
-        let config_map = format!("{ns}/{}", build::config_map_name(&cache.name_any()));
+        let config_map_name = build::config_map_name(&cache.name_any());
+        let config_map_path = format!("/api/v1/namespaces/{ns}/configmaps/{config_map_name}");
+        let config_map = format!("{ns}/{config_map_name}");
         let before = config_maps.version(&config_map);
+        let cluster = format!("{ns}/{}", cache.name_any());
+        let cluster_before = clusters_seen.version(&cluster);
         let api: Api<CdnCluster> = Api::namespaced(client.clone(), &ns);
         let change = json!({"spec": {"cache": {"valid": format!("{}m", 11 + k)}}});
         let t = Instant::now();
-        api.patch(
-            &cache.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(change),
-        )
-        .await
-        .expect("spec change");
-        change_answers.push(t.elapsed().as_secs_f64() * 1000.0);
         let limit = t + Duration::from_secs(60);
-        if wait_for(&tick, limit, || config_maps.version(&config_map) != before).await {
-            latencies.push(t.elapsed().as_secs_f64() * 1000.0);
+        // All three at once: the server's watch event can come before its answer.
+        let answered = async {
+            api.patch(
+                &cache.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(change),
+            )
+            .await
+            .expect("spec change");
+            ms(t.elapsed())
+        };
+        let event_seen = async {
+            let changed = || clusters_seen.version(&cluster) != cluster_before;
+            wait_for(&tick, limit, changed)
+                .await
+                .then(|| ms(t.elapsed()))
+        };
+        let updated = async {
+            let changed = || config_maps.version(&config_map) != before;
+            wait_for(&tick, limit, changed)
+                .await
+                .then(|| ms(t.elapsed()))
+        };
+        let (change_answer, event_seen, updated) = tokio::join!(answered, event_seen, updated);
+        change_answers.push(change_answer);
+        if let Some(total) = updated {
+            latencies.push(total);
+            let apply = logged_write(&proxy, &config_map_path, t).await;
+            samples.push(ChangeSample {
+                total,
+                change_answer,
+                event_seen,
+                apply_sent: apply.as_ref().map(|a| ms(a.forwarded - t)),
+                apply_answer: apply.map(|a| ms(a.answer)),
+            });
         } else {
             eprintln!("bench: {config_map} not updated within 60s");
         }
     }
     latencies.sort_by(|a, b| a.total_cmp(b));
     change_answers.sort_by(|a, b| a.total_cmp(b));
+    let path = ChangePath::of(&samples);
     let operator_answers_to_changes = Answers::of(
         &proxy.write_times_since(changes_mark),
         changes_start.elapsed(),
@@ -963,6 +1088,12 @@ async fn main() -> ExitCode {
         percentile(&change_answers, 99.0)
     );
     println!(
+        "| why: spec changes, p50 / p99 from the change: its watch event seen; the operator's ConfigMap apply forwarded; from the event to the apply; the apply's answer; the slowest (total = change answered, event seen, apply forwarded, its answer) | {:.1} / {:.1} ms; {:.1} / {:.1} ms; {:.1} / {:.1} ms; {:.1} / {:.1} ms; {} |",
+        path.event_seen_p50, path.event_seen_p99, path.apply_sent_p50, path.apply_sent_p99,
+        path.reaction_p50, path.reaction_p99, path.apply_answer_p50, path.apply_answer_p99,
+        path.slowest.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
+    );
+    println!(
         "| time per 1,000 CdnClusters (every status written) | {:.2} s |",
         secs(converged) * 1000.0 / n as f64
     );
@@ -1039,7 +1170,7 @@ async fn main() -> ExitCode {
         "steady_resource_version_changes": steady_rv_changes,
         "spec_change_latency_ms": {"samples": latencies.len(), "p50": percentile(&latencies, 50.0), "p99": percentile(&latencies, 99.0),
             "change_answer_p50": percentile(&change_answers, 50.0), "change_answer_p99": percentile(&change_answers, 99.0),
-            "operator_write_answers": operator_answers_to_changes},
+            "operator_write_answers": operator_answers_to_changes, "path": path},
         "operator_rss_kib": rss,
         "operator_steady_rss_kib": at_steady.map(|u| u.rss_kib),
         "operator_peak_rss_kib": at_end.map(|u| u.peak_rss_kib),
@@ -1178,6 +1309,37 @@ mod tests {
         record(watcher::Event::InitDone);
         assert_eq!((seen.present(), seen.done(), seen.changes()), (1, 1, 3));
         assert_eq!(seen.version("a/y"), None);
+    }
+
+    #[test]
+    fn a_change_path_tells_the_operator_s_reaction_from_the_server_s_answers() {
+        let sample = |total, sent: Option<f64>| ChangeSample {
+            total,
+            change_answer: 10.0,
+            event_seen: Some(8.0),
+            apply_sent: sent,
+            apply_answer: sent.map(|s| s / 2.0),
+        };
+        let samples = [
+            sample(30.0, Some(20.0)),
+            sample(90.0, Some(60.0)),
+            sample(50.0, None),
+            sample(40.0, Some(24.0)),
+        ];
+        let path = ChangePath::of(&samples);
+        assert_eq!(
+            (
+                path.apply_sent_p50,
+                path.apply_sent_p99,
+                path.apply_answer_p99
+            ),
+            (24.0, 60.0, 30.0)
+        );
+        assert_eq!((path.reaction_p50, path.reaction_p99), (16.0, 52.0));
+        assert_eq!(path.event_seen_p99, 8.0);
+        assert_eq!(path.applies_missing, 1);
+        assert_eq!(path.slowest, vec![samples[1], samples[2], samples[3]]);
+        assert_eq!(samples[2].to_string(), "50.0 = 10.0, 8.0, none, none ms");
     }
 
     #[tokio::test]
