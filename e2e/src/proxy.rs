@@ -209,7 +209,6 @@ async fn forward(
     let (parts, body) = request.into_parts();
     let key = classify(&parts.method, parts.uri.path(), parts.uri.query());
     let write = is_write(&key);
-    let path = parts.uri.path().to_owned();
     *seen
         .lock()
         .expect("proxy lock")
@@ -247,7 +246,7 @@ async fn forward(
         seen.write_micros.push(micros);
         if let Some(log) = &mut seen.logged {
             log.push(LoggedWrite {
-                path,
+                path: parts.uri.path().to_owned(),
                 forwarded: sent,
                 answer,
             });

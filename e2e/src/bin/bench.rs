@@ -298,6 +298,18 @@ async fn wait_for(
     }
 }
 
+/// When `ready` first held, in milliseconds from `since` ([`wait_for`]); None past `limit`.
+async fn seen_at(
+    tick: &watch::Sender<()>,
+    since: Instant,
+    limit: Instant,
+    ready: impl FnMut() -> bool,
+) -> Option<f64> {
+    wait_for(tick, limit, ready)
+        .await
+        .then(|| ms(since.elapsed()))
+}
+
 /// Waits until the proxy has seen no request for `quiet` (the operator is idle).
 async fn settle(proxy: &Proxy, quiet: Duration, limit: Duration) {
     let deadline = Instant::now() + limit;
@@ -916,7 +928,10 @@ async fn main() -> ExitCode {
     // Why a change took its time: the server's answer to the change itself, and to the
     // operator's writes meanwhile.
     let mut change_answers = Vec::new();
-    let mut samples = Vec::new();
+    // Each change's ConfigMap apply (when and to which path it was sent) is looked up in the
+    // proxy's log once the changes are done, so that they go back to back whatever the log
+    // holds yet.
+    let (mut samples, mut applies) = (Vec::new(), Vec::new());
     proxy.log_writes();
     let (changes_start, changes_mark) = (Instant::now(), proxy.writes_answered());
     for (k, cache) in caches.iter().enumerate() {
@@ -942,36 +957,35 @@ async fn main() -> ExitCode {
             .expect("spec change");
             ms(t.elapsed())
         };
-        let event_seen = async {
-            let changed = || clusters_seen.version(&cluster) != cluster_before;
-            wait_for(&tick, limit, changed)
-                .await
-                .then(|| ms(t.elapsed()))
-        };
-        let updated = async {
-            let changed = || config_maps.version(&config_map) != before;
-            wait_for(&tick, limit, changed)
-                .await
-                .then(|| ms(t.elapsed()))
-        };
-        let (change_answer, event_seen, updated) = tokio::join!(answered, event_seen, updated);
+        let (change_answer, event_seen, updated) = tokio::join!(
+            answered,
+            seen_at(&tick, t, limit, || clusters_seen.version(&cluster)
+                != cluster_before),
+            seen_at(&tick, t, limit, || config_maps.version(&config_map)
+                != before),
+        );
         change_answers.push(change_answer);
         if let Some(total) = updated {
             latencies.push(total);
-            let apply = logged_write(&proxy, &config_map_path, t).await;
             samples.push(ChangeSample {
                 total,
                 change_answer,
                 event_seen,
-                apply_sent: apply.as_ref().map(|a| ms(a.forwarded - t)),
-                apply_answer: apply.map(|a| ms(a.answer)),
+                apply_sent: None,
+                apply_answer: None,
             });
+            applies.push((t, config_map_path));
         } else {
             eprintln!("bench: {config_map} not updated within 60s");
         }
     }
     latencies.sort_by(|a, b| a.total_cmp(b));
     change_answers.sort_by(|a, b| a.total_cmp(b));
+    for (sample, (t, config_map_path)) in samples.iter_mut().zip(applies) {
+        let apply = logged_write(&proxy, &config_map_path, t).await;
+        sample.apply_sent = apply.as_ref().map(|a| ms(a.forwarded - t));
+        sample.apply_answer = apply.map(|a| ms(a.answer));
+    }
     let path = ChangePath::of(&samples);
     let operator_answers_to_changes = Answers::of(
         &proxy.write_times_since(changes_mark),
