@@ -162,13 +162,46 @@ where
     }
 }
 
-/// A short, stable digest of a JSON value (serde_json writes map keys in order).
-pub fn hash(value: &Value) -> String {
+/// A short, stable digest of `value`'s compact JSON form (serde_json writes a `Value`'s map
+/// keys in order). Streamed into the digest: the JSON text of a Deployment or a ConfigMap is
+/// never built.
+pub fn hash<T: Serialize + ?Sized>(value: &T) -> String {
     use sha2::{Digest, Sha256};
-    let digest = Sha256::digest(value.to_string().as_bytes());
-    digest[..8].iter().map(|b| format!("{b:02x}")).collect()
+    use std::fmt::Write;
+    let mut digest = Sha256::new();
+    serde_json::to_writer(&mut digest, value).expect("hashed values always serialize to JSON");
+    let digest = digest.finalize();
+    digest[..8]
+        .iter()
+        .fold(String::with_capacity(16), |mut hex, b| {
+            let _ = write!(hex, "{b:02x}");
+            hex
+        })
 }
 
 fn to_value<T: Serialize>(value: &T) -> Value {
     serde_json::to_value(value).expect("Kubernetes objects always serialize to JSON")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::hash;
+    use serde_json::{json, Value};
+
+    #[test]
+    fn the_hash_is_the_first_8_bytes_of_the_sha256_of_the_compact_json() {
+        // Pinned: a changed digest would re-apply every child of every CdnCluster on upgrade.
+        assert_eq!(hash(&json!({"a": 1})), "015abd7f5cc57a2d");
+        // sha256 of the JSON string "line\n\"quoted\"", escapes included.
+        assert_eq!(hash("line\n\"quoted\""), "df6b0d43eb9f37e6");
+        assert_eq!(
+            hash("line\n\"quoted\""),
+            hash(&Value::String("line\n\"quoted\"".into()))
+        );
+        let object = json!({"b": [1, "x"], "a": {"d": null, "c": true}});
+        let text = object.to_string();
+        let parsed: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(hash(&object), hash(&parsed));
+        assert_ne!(hash(&object), hash(&json!({"b": [1, "y"]})));
+    }
 }

@@ -57,7 +57,7 @@ pub struct Children {
 pub fn children(cluster: &CdnCluster, upstreams: &[Upstream], run_as: &RunAs) -> Children {
     let name = cluster.name_any();
     let config = config(cluster, upstreams, &Paths::default());
-    let config_hash = crate::apply::hash(&serde_json::Value::String(config.clone()));
+    let config_hash = crate::apply::hash(config.as_str());
     Children {
         config_map: config_map(cluster, config),
         deployment: deployment(cluster, &config_hash, run_as),
