@@ -340,13 +340,13 @@ struct Answers {
 
 impl Answers {
     fn of(times: &[Duration], phase: Duration) -> Answers {
-        let mut ms: Vec<f64> = times.iter().map(|t| t.as_secs_f64() * 1000.0).collect();
-        ms.sort_by(|a, b| a.total_cmp(b));
-        let busy: f64 = ms.iter().sum::<f64>() / 1000.0;
+        let mut answers: Vec<f64> = times.iter().copied().map(ms).collect();
+        answers.sort_by(|a, b| a.total_cmp(b));
+        let busy: f64 = answers.iter().sum::<f64>() / 1000.0;
         Answers {
-            writes: ms.len(),
-            p50_ms: percentile(&ms, 50.0),
-            p99_ms: percentile(&ms, 99.0),
+            writes: answers.len(),
+            p50_ms: percentile(&answers, 50.0),
+            p99_ms: percentile(&answers, 99.0),
             in_flight: busy / phase.as_secs_f64().max(f64::MIN_POSITIVE),
         }
     }
@@ -931,7 +931,7 @@ async fn main() -> ExitCode {
     // Each change's ConfigMap apply (when and to which path it was sent) is looked up in the
     // proxy's log once the changes are done, so that they go back to back whatever the log
     // holds yet.
-    let (mut samples, mut applies) = (Vec::new(), Vec::new());
+    let mut changed = Vec::new();
     proxy.log_writes();
     let (changes_start, changes_mark) = (Instant::now(), proxy.writes_answered());
     for (k, cache) in caches.iter().enumerate() {
@@ -967,24 +967,26 @@ async fn main() -> ExitCode {
         change_answers.push(change_answer);
         if let Some(total) = updated {
             latencies.push(total);
-            samples.push(ChangeSample {
+            let sample = ChangeSample {
                 total,
                 change_answer,
                 event_seen,
                 apply_sent: None,
                 apply_answer: None,
-            });
-            applies.push((t, config_map_path));
+            };
+            changed.push((sample, t, config_map_path));
         } else {
             eprintln!("bench: {config_map} not updated within 60s");
         }
     }
     latencies.sort_by(|a, b| a.total_cmp(b));
     change_answers.sort_by(|a, b| a.total_cmp(b));
-    for (sample, (t, config_map_path)) in samples.iter_mut().zip(applies) {
+    let mut samples = Vec::with_capacity(changed.len());
+    for (mut sample, t, config_map_path) in changed {
         let apply = logged_write(&proxy, &config_map_path, t).await;
         sample.apply_sent = apply.as_ref().map(|a| ms(a.forwarded - t));
         sample.apply_answer = apply.map(|a| ms(a.answer));
+        samples.push(sample);
     }
     let path = ChangePath::of(&samples);
     let operator_answers_to_changes = Answers::of(
