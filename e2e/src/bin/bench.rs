@@ -22,7 +22,9 @@
 //! - why a phase took its time: the server's answer times to its writes (p50, p99) and how many
 //!   writes were in flight on average, for the operator and the baseline; the operator's mean
 //!   reconcile time and its reconciles over 1 s (its `controller_runtime_reconcile_time_seconds`);
-//!   the operator's context switches per CdnCluster (its wake-ups, and its preemptions).
+//!   the operator's context switches per CdnCluster (its wake-ups, and its preemptions); its CPU
+//!   sampled every 2 s while it converges, fitted to a part paid per second whatever the progress
+//!   and a part per CdnCluster converged.
 
 use cdn_operator::api::{CdnCluster, Role, State};
 use cdn_operator::apply::Change;
@@ -454,6 +456,143 @@ impl ChangePath {
     }
 }
 
+/// How often the operator's CPU is sampled while it converges ([`CpuFit`]).
+const CPU_SAMPLE_EVERY: Duration = Duration::from_secs(2);
+
+/// The operator's CPU time and the CdnClusters converged, `seconds` after the first create.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+struct CpuSample {
+    seconds: f64,
+    cpu_seconds: f64,
+    converged: usize,
+}
+
+/// The operator's CPU over the convergence, taken apart by least squares over the sampling
+/// intervals: `cpu = per_second × length + per_cluster × CdnClusters converged` (no constant: an
+/// empty interval costs nothing). A part paid per second whatever the progress makes the CPU
+/// grow with the length of the run, not with the work alone: at 10,000 the server converges
+/// each 1,000 more slowly than at 1,000.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+struct CpuFit {
+    per_second_ms: f64,
+    per_cluster_ms: f64,
+    /// The share of the intervals' CPU variance the two terms explain.
+    r2: f64,
+    intervals: usize,
+}
+
+impl CpuFit {
+    /// None with fewer than three intervals, or when length and progress move together so
+    /// closely that the two cannot be told apart.
+    fn of(samples: &[CpuSample]) -> Option<CpuFit> {
+        let intervals: Vec<[f64; 3]> = samples
+            .windows(2)
+            .map(|w| {
+                [
+                    w[1].seconds - w[0].seconds,
+                    w[1].converged as f64 - w[0].converged as f64,
+                    w[1].cpu_seconds - w[0].cpu_seconds,
+                ]
+            })
+            .collect();
+        if intervals.len() < 3 {
+            return None;
+        }
+        let sum = |f: fn(&[f64; 3]) -> f64| intervals.iter().map(f).sum::<f64>();
+        let (tt, tc, cc) = (
+            sum(|i| i[0] * i[0]),
+            sum(|i| i[0] * i[1]),
+            sum(|i| i[1] * i[1]),
+        );
+        let (ty, cy) = (sum(|i| i[0] * i[2]), sum(|i| i[1] * i[2]));
+        let det = tt * cc - tc * tc;
+        if det <= 1e-9 * tt * cc {
+            return None;
+        }
+        let per_second = (cc * ty - tc * cy) / det;
+        let per_cluster = (tt * cy - tc * ty) / det;
+        let mean = sum(|i| i[2]) / intervals.len() as f64;
+        let total = sum(|i| i[2] * i[2]) - mean * mean * intervals.len() as f64;
+        let residual: f64 = intervals
+            .iter()
+            .map(|i| (i[2] - per_second * i[0] - per_cluster * i[1]).powi(2))
+            .sum();
+        Some(CpuFit {
+            per_second_ms: per_second * 1000.0,
+            per_cluster_ms: per_cluster * 1000.0,
+            r2: if total > 0.0 {
+                1.0 - residual / total
+            } else {
+                0.0
+            },
+            intervals: intervals.len(),
+        })
+    }
+}
+
+impl std::fmt::Display for CpuFit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{:.1} ms per second + {:.2} ms per CdnCluster (R² {:.2}, {} intervals)",
+            self.per_second_ms, self.per_cluster_ms, self.r2, self.intervals
+        )
+    }
+}
+
+/// The samples of [`sample_cpu`] so far, taken until [`CpuSampling::stop`].
+struct CpuSampling {
+    pid: u32,
+    seen: Arc<Seen>,
+    start: Instant,
+    samples: Arc<Mutex<Vec<CpuSample>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl CpuSampling {
+    /// Stops sampling and returns the samples, the last one taken now.
+    fn stop(self) -> Vec<CpuSample> {
+        self.task.abort();
+        let mut samples = std::mem::take(&mut *self.samples.lock().unwrap());
+        samples.extend(cpu_sample(self.pid, &self.seen, self.start));
+        samples
+    }
+}
+
+/// Samples the operator's CPU and the CdnClusters converged (`seen` done) every
+/// [`CPU_SAMPLE_EVERY`] from now on.
+fn sample_cpu(pid: u32, seen: Arc<Seen>, start: Instant) -> CpuSampling {
+    let samples = Arc::new(Mutex::new(Vec::new()));
+    let task = tokio::spawn({
+        let (samples, seen) = (samples.clone(), seen.clone());
+        async move {
+            let mut every = tokio::time::interval(CPU_SAMPLE_EVERY);
+            loop {
+                every.tick().await;
+                samples
+                    .lock()
+                    .unwrap()
+                    .extend(cpu_sample(pid, &seen, start));
+            }
+        }
+    });
+    CpuSampling {
+        pid,
+        seen,
+        start,
+        samples,
+        task,
+    }
+}
+
+fn cpu_sample(pid: u32, seen: &Seen, start: Instant) -> Option<CpuSample> {
+    Some(CpuSample {
+        seconds: start.elapsed().as_secs_f64(),
+        cpu_seconds: cdn_operator_e2e::Usage::of(pid)?.cpu_seconds,
+        converged: seen.done(),
+    })
+}
+
 /// The operator's CdnCluster reconciles so far: how many (`controller_runtime_reconcile_total`),
 /// and their time (`controller_runtime_reconcile_time_seconds`).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -865,6 +1004,7 @@ async fn main() -> ExitCode {
     );
     let start = Instant::now();
     let writes_at_start = proxy.writes_answered();
+    let cpu_sampling = sample_cpu(operator.pid(), clusters_seen.clone(), start);
     create_all(&client, &manifests).for_each(|_| async {}).await;
     let created = start.elapsed();
     let deadline = start + Duration::from_secs(args.timeout_seconds);
@@ -891,6 +1031,8 @@ async fn main() -> ExitCode {
         );
         return ExitCode::FAILURE;
     };
+    let cpu_samples = cpu_sampling.stop();
+    let cpu_fit = CpuFit::of(&cpu_samples);
     let operator_answers = Answers::of(&proxy.write_times_since(writes_at_start), converged);
     let children_at = children_at.unwrap_or(converged);
     eprintln!("bench: converged in {converged:?}; waiting for the operator to go quiet");
@@ -1161,6 +1303,20 @@ async fn main() -> ExitCode {
             .map(|(v, i)| format!("{v:.1} / {i:.1}"))
             .unwrap_or_else(|| "n/a".into())
     );
+    // The part paid per second, over the whole convergence.
+    let per_second_part = cpu_fit.map(|f| f.per_second_ms * secs(converged) / 1000.0);
+    println!(
+        "| why: operator CPU during convergence, sampled every {} s and fitted: paid per second whatever the progress + per CdnCluster converged | {} |",
+        CPU_SAMPLE_EVERY.as_secs(),
+        cpu_fit.map_or("n/a".into(), |f| f.to_string())
+    );
+    println!(
+        "| why: the part paid per second, over the convergence | {} |",
+        match (per_second_part, cpu_converge) {
+            (Some(part), Some(all)) => format!("{part:.2} s of {all:.2} s"),
+            _ => "n/a".into(),
+        }
+    );
     println!(
         "| why: server's answers to the operator's writes until converged: p50 / p99; in flight | {operator_answers} |"
     );
@@ -1201,6 +1357,8 @@ async fn main() -> ExitCode {
         "reconcile_time": reconciles.map(|t| json!({"reconciles": t.count, "mean_ms": t.mean_ms(), "over_1s": t.over_1s})),
         "write_answers": {"operator": operator_answers, "baseline": baseline.answers},
         "operator_switches_per_cluster": switches.map(|(v, i)| json!({"voluntary": v, "involuntary": i})),
+        "operator_cpu_fit": cpu_fit.map(|f| json!({"fit": f, "per_second_part_s": per_second_part})),
+        "operator_cpu_samples": cpu_samples,
     });
     let json_path = if args.json.is_absolute() {
         args.json.clone()
@@ -1229,6 +1387,49 @@ mod tests {
 
     fn has_data(c: &ConfigMap) -> bool {
         c.data.is_some()
+    }
+
+    /// Samples of an operator that spends `per_second` s each second and `per_cluster` s per
+    /// CdnCluster, converging at `paces` CdnClusters per second, one interval each.
+    fn samples(per_second: f64, per_cluster: f64, paces: &[usize]) -> Vec<CpuSample> {
+        let mut sample = CpuSample {
+            seconds: 0.0,
+            cpu_seconds: 0.0,
+            converged: 0,
+        };
+        let mut all = vec![sample];
+        for &pace in paces {
+            sample.seconds += 2.0;
+            sample.converged += 2 * pace;
+            sample.cpu_seconds += 2.0 * per_second + (2 * pace) as f64 * per_cluster;
+            all.push(sample);
+        }
+        all
+    }
+
+    #[test]
+    fn the_cpu_fit_tells_a_cost_per_second_from_a_cost_per_cluster() {
+        let fit = CpuFit::of(&samples(0.016, 0.0018, &[40, 35, 30, 20, 17])).unwrap();
+        assert!((fit.per_second_ms - 16.0).abs() < 1e-6, "{fit}");
+        assert!((fit.per_cluster_ms - 1.8).abs() < 1e-6, "{fit}");
+        assert!(fit.r2 > 0.999_999, "{fit}");
+        assert_eq!(fit.intervals, 5);
+        // No cost per second: none is found.
+        let fit = CpuFit::of(&samples(0.0, 0.0025, &[40, 10, 25])).unwrap();
+        assert!(fit.per_second_ms.abs() < 1e-6, "{fit}");
+        assert!((fit.per_cluster_ms - 2.5).abs() < 1e-6, "{fit}");
+        // Noise lowers R².
+        let mut noisy = samples(0.016, 0.0018, &[40, 35, 30, 20, 17, 25]);
+        noisy[3].cpu_seconds += 0.05;
+        assert!(CpuFit::of(&noisy).unwrap().r2 < 0.99);
+    }
+
+    #[test]
+    fn the_cpu_fit_needs_three_intervals_whose_pace_varies() {
+        assert_eq!(CpuFit::of(&samples(0.016, 0.0018, &[40, 30])), None);
+        // A steady pace: a cost per second and a cost per CdnCluster look the same.
+        assert_eq!(CpuFit::of(&samples(0.016, 0.0018, &[30, 30, 30, 30])), None);
+        assert_eq!(CpuFit::of(&[]), None);
     }
 
     #[test]
