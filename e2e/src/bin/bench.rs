@@ -471,7 +471,8 @@ struct CpuSample {
 /// intervals: `cpu = per_second × length + per_cluster × CdnClusters converged` (no constant: an
 /// empty interval costs nothing). A part paid per second whatever the progress makes the CPU
 /// grow with the length of the run, not with the work alone: at 10,000 the server converges
-/// each 1,000 more slowly than at 1,000.
+/// each 1,000 more slowly than at 1,000. A cost per CdnCluster that grows as the pace falls fits
+/// as a part per second too: a run with the server slowed tells them apart.
 #[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
 struct CpuFit {
     per_second_ms: f64,
