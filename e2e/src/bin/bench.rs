@@ -541,49 +541,39 @@ impl std::fmt::Display for CpuFit {
     }
 }
 
-/// The samples of [`sample_cpu`] so far, taken until [`CpuSampling::stop`].
+/// The sampling task of [`sample_cpu`], which keeps its samples until [`CpuSampling::stop`].
 struct CpuSampling {
-    pid: u32,
-    seen: Arc<Seen>,
-    start: Instant,
-    samples: Arc<Mutex<Vec<CpuSample>>>,
-    task: tokio::task::JoinHandle<()>,
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<Vec<CpuSample>>,
 }
 
 impl CpuSampling {
     /// Stops sampling and returns the samples, the last one taken now.
-    fn stop(self) -> Vec<CpuSample> {
-        self.task.abort();
-        let mut samples = std::mem::take(&mut *self.samples.lock().unwrap());
-        samples.extend(cpu_sample(self.pid, &self.seen, self.start));
-        samples
+    async fn stop(self) -> Vec<CpuSample> {
+        let _ = self.stop.send(());
+        self.task.await.expect("the CPU sampling task")
     }
 }
 
 /// Samples the operator's CPU and the CdnClusters converged (`seen` done) every
-/// [`CPU_SAMPLE_EVERY`] from now on.
+/// [`CPU_SAMPLE_EVERY`] from now on, and once more when stopped.
 fn sample_cpu(pid: u32, seen: Arc<Seen>, start: Instant) -> CpuSampling {
-    let samples = Arc::new(Mutex::new(Vec::new()));
-    let task = tokio::spawn({
-        let (samples, seen) = (samples.clone(), seen.clone());
-        async move {
-            let mut every = tokio::time::interval(CPU_SAMPLE_EVERY);
-            loop {
-                every.tick().await;
-                samples
-                    .lock()
-                    .unwrap()
-                    .extend(cpu_sample(pid, &seen, start));
+    let (stop, mut stopped) = tokio::sync::oneshot::channel();
+    let task = tokio::spawn(async move {
+        let mut samples = Vec::new();
+        let mut every = tokio::time::interval(CPU_SAMPLE_EVERY);
+        loop {
+            let last = tokio::select! {
+                _ = every.tick() => false,
+                _ = &mut stopped => true,
+            };
+            samples.extend(cpu_sample(pid, &seen, start));
+            if last {
+                return samples;
             }
         }
     });
-    CpuSampling {
-        pid,
-        seen,
-        start,
-        samples,
-        task,
-    }
+    CpuSampling { stop, task }
 }
 
 fn cpu_sample(pid: u32, seen: &Seen, start: Instant) -> Option<CpuSample> {
@@ -1032,7 +1022,7 @@ async fn main() -> ExitCode {
         );
         return ExitCode::FAILURE;
     };
-    let cpu_samples = cpu_sampling.stop();
+    let cpu_samples = cpu_sampling.stop().await;
     let cpu_fit = CpuFit::of(&cpu_samples);
     let operator_answers = Answers::of(&proxy.write_times_since(writes_at_start), converged);
     let children_at = children_at.unwrap_or(converged);
