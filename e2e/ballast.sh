@@ -18,7 +18,8 @@
 #
 # Usage: KUBECONFIG=… e2e/ballast.sh children|cdnclusters [namespaces] [per-namespace]
 # (default 9 × 1,000), then the benchmark as usual, without a fresh server. Removal: delete the
-# namespaces `ballast-*`.
+# namespaces `ballast-*`. Needs the release builds of the operator and of the benchmark
+# (CDN_OPERATOR_BIN, CDN_BENCH_BIN), which prints the CdnClusters.
 set -euo pipefail
 mode=${1:-}
 case $mode in
@@ -31,52 +32,37 @@ esac
 namespaces=${2:-9}
 per_namespace=${3:-1000}
 operator=${CDN_OPERATOR_BIN:-target/release/cdn-operator}
+bench=${CDN_BENCH_BIN:-target/release/bench}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-# The benchmark's CdnCluster i (e2e/src/bin/bench.rs, `manifest`), in namespace $1.
-manifests() {
-  local ns=$1 i group
-  for ((i = 0; i < per_namespace; i++)); do
-    group=$((i / 10))
-    echo "---"
-    if ((i % 10 == 0)); then
-      printf 'apiVersion: cluster.anevia.com/v1\nkind: CdnCluster\nmetadata:\n  name: b%d\n  namespace: %s\nspec:\n  role: balancer\n  replicas: 1\n  sources:\n' "$group" "$ns"
-      for k in 1 2 3 4 5 6 7 8 9; do
-        printf '    - name: c%d-%d\n      pathCondition: "^/c%d/"\n' "$group" "$k" "$k"
-      done
-    else
-      printf 'apiVersion: cluster.anevia.com/v1\nkind: CdnCluster\nmetadata:\n  name: c%d-%d\n  namespace: %s\nspec:\n  role: cache\n  replicas: 1\n  sources:\n    - name: origin\n      origin:\n        url: http://origin-%d.example.com:8080/media\n' "$group" "$((i % 10))" "$ns" "$group"
-    fi
-  done
-}
-
+# The benchmark's topology, its group g in namespace ballast-(g mod namespaces).
+"$bench" --print-manifests ballast --clusters $((namespaces * per_namespace)) \
+  --namespaces "$namespaces" > "$work/cdnclusters.yaml"
 if [ "$mode" = cdnclusters ]; then
   "$operator" crd | kubectl apply --server-side -f -
   kubectl wait --for condition=Established crd/cdnclusters.cluster.anevia.com
-fi
-for ((n = 0; n < namespaces; n++)); do
-  ns=ballast-$n
-  manifests "$ns" > "$work/cdn-$n.yaml"
-  if [ "$mode" = cdnclusters ]; then
-    kubectl create namespace "$ns"
-    cp "$work/cdn-$n.yaml" "$work/children-$n.yaml"
-    continue
-  fi
-  "$operator" render -f "$work/cdn-$n.yaml" |
-    sed 's|app.kubernetes.io/managed-by: cdn-operator|app.kubernetes.io/managed-by: ballast|' > "$work/children-$n.yaml"
-  if grep -q 'managed-by: cdn-operator' "$work/children-$n.yaml"; then
-    echo "ballast: the operator's label is still in $ns's objects" >&2
+  objects=$work/cdnclusters.yaml
+else
+  objects=$work/children.yaml
+  "$operator" render -f "$work/cdnclusters.yaml" |
+    sed 's|app.kubernetes.io/managed-by: cdn-operator|app.kubernetes.io/managed-by: ballast|' > "$objects"
+  if grep -q 'managed-by: cdn-operator' "$objects"; then
+    echo "ballast: the operator's label is still in the objects" >&2
     exit 1
   fi
-  kubectl create namespace "$ns"
-done
-# Three kubectl processes at a time: each creates its objects one by one.
+fi
 for ((n = 0; n < namespaces; n++)); do
-  kubectl create -f "$work/children-$n.yaml" > /dev/null &
-  if ((n % 3 == 2)); then wait; fi
+  kubectl create namespace "ballast-$n"
 done
-wait
+# Three kubectl processes, each creating a third of the objects one by one.
+awk -v dir="$work" '/^---$/ { n++ } { print > (dir "/part-" (n % 3) ".yaml") }' "$objects"
+creating=()
+for part in "$work"/part-*.yaml; do
+  kubectl create -f "$part" > /dev/null &
+  creating+=($!)
+done
+for pid in "${creating[@]}"; do wait "$pid"; done
 
 want=$((namespaces * per_namespace))
 if [ "$mode" = cdnclusters ]; then

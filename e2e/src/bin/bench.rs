@@ -92,6 +92,11 @@ struct Args {
     /// weighs on the ratio. Not with --keep: the operator would reconcile the baseline's objects.
     #[arg(long, conflicts_with = "keep")]
     baseline_first: bool,
+    /// Print the CdnClusters a run would create (`--clusters` over `--namespaces`) as YAML, in
+    /// the namespaces `<PREFIX>-0`, `<PREFIX>-1`, … and without the benchmark's label, then exit
+    /// without connecting: the objects `e2e/ballast.sh` loads a server with.
+    #[arg(long, value_name = "PREFIX")]
+    print_manifests: Option<String>,
 }
 
 const GROUP: usize = 10;
@@ -862,6 +867,20 @@ fn create_all<'a>(
 #[tokio::main]
 async fn main() -> ExitCode {
     let args = Args::parse();
+    if let Some(prefix) = &args.print_manifests {
+        let namespaces: Vec<String> = (0..args.namespaces)
+            .map(|i| format!("{prefix}-{i}"))
+            .collect();
+        for i in 0..args.clusters {
+            let mut cluster = manifest(i, &namespaces, args.replicas);
+            cluster.metadata.labels = None;
+            print!(
+                "---\n{}",
+                serde_yaml::to_string(&cluster).expect("a CdnCluster as YAML")
+            );
+        }
+        return ExitCode::SUCCESS;
+    }
     let Some(client) = connect("cdn-operator benchmark").await else {
         return ExitCode::SUCCESS;
     };
