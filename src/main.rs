@@ -57,13 +57,9 @@ fn main() -> ExitCode {
         }
     };
     match cli.command {
-        Command::Crd => {
-            print!("{}", cdn_operator::api::crds_yaml());
-            ExitCode::SUCCESS
-        }
+        Command::Crd => cdn_operator::cli::print_out(&cdn_operator::api::crds_yaml()),
         Command::Version => {
-            println!("cdn-operator {}", cdn_operator::VERSION);
-            ExitCode::SUCCESS
+            cdn_operator::cli::print_out(&format!("cdn-operator {}\n", cdn_operator::VERSION))
         }
         Command::Run(args) => cdn_operator::run::main(*args),
         Command::Render(args) => cdn_operator::cli::render::main(args),

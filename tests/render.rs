@@ -45,6 +45,37 @@ fn the_pool_example_renders_one_hashed_upstream_as_golden() {
     );
 }
 
+/// `cdn-operator render … | head`: a reader gone before the output is written (its end of the
+/// pipe closed before the command starts, so every write fails) ends the output quietly, as
+/// with any Unix tool, for every command that prints.
+#[test]
+fn a_reader_that_stops_early_is_not_an_error() {
+    let seed = seed_examples();
+    for args in [
+        &["render", "-f", path(&seed)][..],
+        &["render", "--nginx-only", "-f", path(&seed)],
+        &["graph", "-f", path(&seed)],
+        &["crd"],
+        &["version"],
+    ] {
+        let (reader, writer) = std::io::pipe().expect("a pipe");
+        drop(reader);
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_cdn-operator"))
+            .args(args)
+            .env("KUBECONFIG", "/nonexistent/kubeconfig")
+            .stdin(std::process::Stdio::null())
+            .stdout(writer)
+            .output()
+            .expect("run cdn-operator");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            (out.status.code(), stderr.as_ref()),
+            (Some(0), ""),
+            "{args:?}"
+        );
+    }
+}
+
 #[test]
 fn the_output_is_a_stream_of_whole_kubernetes_objects() {
     let run = cdn_operator(&["render", "-f", path(&seed_examples())], "");

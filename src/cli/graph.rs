@@ -570,8 +570,7 @@ pub fn main(args: Args) -> ExitCode {
             Err(error) => return crate::fail(&error),
         }
     };
-    print!("{}", topology.format(args.output));
-    ExitCode::SUCCESS
+    super::print_out(&topology.format(args.output))
 }
 
 fn from_cluster(args: &Args) -> Result<Topology, String> {

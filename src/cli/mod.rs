@@ -2,6 +2,9 @@
 //! operator would create, for review) and `graph` (the topology). Both use the controllers' own
 //! build steps, so what they show is what the operator does.
 
+use std::io::{ErrorKind, Write};
+use std::process::ExitCode;
+
 pub mod graph;
 pub mod manifests;
 pub mod render;
@@ -10,5 +13,19 @@ pub mod render;
 fn print_notes(notes: &[String]) {
     for note in notes {
         eprintln!("cdn-operator: {note}");
+    }
+}
+
+/// Writes a command's whole output to stdout. A reader that stops early (`| head`) ends the
+/// output there, quietly and with success, as with any Unix tool; any other write error fails.
+pub fn print_out(text: &str) -> ExitCode {
+    let mut stdout = std::io::stdout().lock();
+    match stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) if error.kind() == ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+        Err(error) => crate::fail(&format!("cannot write the output: {error}")),
     }
 }

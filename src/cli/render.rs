@@ -129,14 +129,13 @@ pub fn main(args: Args) -> ExitCode {
     };
     super::print_notes(&manifests.notes);
     match render(&manifests, &args.pods) {
-        Ok(rendered) if args.nginx_only => print!("{}", rendered.nginx()),
-        Ok(rendered) => print!("{}", rendered.yaml()),
+        Ok(rendered) if args.nginx_only => super::print_out(&rendered.nginx()),
+        Ok(rendered) => super::print_out(&rendered.yaml()),
         Err(problems) => {
             for problem in problems {
                 eprintln!("cdn-operator: {problem}");
             }
-            return ExitCode::FAILURE;
+            ExitCode::FAILURE
         }
     }
-    ExitCode::SUCCESS
 }
