@@ -223,6 +223,12 @@ pub struct Usage {
     pub peak_rss_kib: u64,
     /// User and system CPU time.
     pub cpu_seconds: f64,
+    /// The system part of `cpu_seconds`: the kernel working for the process (syscalls, page
+    /// faults).
+    pub system_seconds: f64,
+    /// Minor page faults: pages the process touched that the kernel had to map (a first touch,
+    /// or again after the allocator gave them back).
+    pub minor_faults: u64,
     /// Context switches of its live threads: voluntary (a thread waited, then was woken) and
     /// involuntary (preempted by another process).
     pub switches: Switches,
@@ -251,6 +257,8 @@ impl Usage {
             rss_kib: status.vmrss?,
             peak_rss_kib: status.vmhwm?,
             cpu_seconds: (stat.utime + stat.stime) as f64 / procfs::ticks_per_second() as f64,
+            system_seconds: stat.stime as f64 / procfs::ticks_per_second() as f64,
+            minor_faults: stat.minflt,
             switches,
         })
     }
@@ -285,5 +293,24 @@ mod tests {
         let after = own().switches;
         assert!(after.voluntary > before.voluntary, "{before:?} → {after:?}");
         assert!(after.involuntary >= before.involuntary);
+    }
+
+    #[test]
+    fn usage_counts_the_pages_a_process_touches() {
+        let before = Usage::of(std::process::id()).expect("this process's usage");
+        // 16 MiB, mapped on its own (above malloc's mmap threshold) and touched page by page.
+        let mut touched = vec![0u8; 16 << 20];
+        for page in touched.chunks_mut(4096) {
+            page[0] = 1;
+        }
+        let after = Usage::of(std::process::id()).expect("this process's usage");
+        assert_eq!(touched.iter().map(|&b| b as usize).sum::<usize>(), 4096);
+        // 4,096 pages of 4 KiB (fewer faults if the kernel maps huge pages).
+        assert!(
+            after.minor_faults >= before.minor_faults + 8,
+            "{before:?} → {after:?}"
+        );
+        assert!(after.system_seconds >= before.system_seconds);
+        assert!(after.system_seconds <= after.cpu_seconds);
     }
 }

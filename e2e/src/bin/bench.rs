@@ -22,7 +22,8 @@
 //! - why a phase took its time: the server's answer times to its writes (p50, p99) and how many
 //!   writes were in flight on average, for the operator and the baseline; the operator's mean
 //!   reconcile time and its reconciles over 1 s (its `controller_runtime_reconcile_time_seconds`);
-//!   the operator's context switches per CdnCluster (its wake-ups, and its preemptions); its CPU
+//!   the operator's context switches per CdnCluster (its wake-ups, and its preemptions); the
+//!   system part of its CPU and its minor page faults per CdnCluster; its CPU
 //!   sampled every 2 s while it converges, fitted to a part paid per second whatever the progress
 //!   and a part per CdnCluster converged.
 
@@ -871,15 +872,15 @@ async fn main() -> ExitCode {
         let namespaces: Vec<String> = (0..args.namespaces)
             .map(|i| format!("{prefix}-{i}"))
             .collect();
-        for i in 0..args.clusters {
-            let mut cluster = manifest(i, &namespaces, args.replicas);
-            cluster.metadata.labels = None;
-            print!(
-                "---\n{}",
-                serde_yaml::to_string(&cluster).expect("a CdnCluster as YAML")
-            );
-        }
-        return ExitCode::SUCCESS;
+        let yaml: String = (0..args.clusters)
+            .map(|i| {
+                let mut cluster = manifest(i, &namespaces, args.replicas);
+                cluster.metadata.labels = None;
+                let yaml = serde_yaml::to_string(&cluster).expect("a CdnCluster as YAML");
+                format!("---\n{yaml}")
+            })
+            .collect();
+        return cdn_operator::cli::print_out(&yaml);
     }
     let Some(client) = connect("cdn-operator benchmark").await else {
         return ExitCode::SUCCESS;
@@ -1167,6 +1168,14 @@ async fn main() -> ExitCode {
         )),
         _ => None,
     };
+    // The kernel's part: syscalls and the pages the allocator returns and touches again.
+    let kernel = match (at_start, at_converged) {
+        (Some(from), Some(to)) => Some((
+            to.system_seconds - from.system_seconds,
+            (to.minor_faults - from.minor_faults) as f64 / n as f64,
+        )),
+        _ => None,
+    };
     let (cpu_converge, cpu_steady, cpu_changes) = (
         cpu(at_start, at_converged),
         cpu(at_converged, at_steady),
@@ -1313,6 +1322,12 @@ async fn main() -> ExitCode {
             .map(|(v, i)| format!("{v:.1} / {i:.1}"))
             .unwrap_or_else(|| "n/a".into())
     );
+    println!(
+        "| why: operator system CPU during convergence; minor page faults per CdnCluster | {} |",
+        kernel
+            .map(|(s, f)| format!("{s:.2} s; {f:.1}"))
+            .unwrap_or_else(|| "n/a".into())
+    );
     // The part paid per second, over the whole convergence.
     let per_second_part = cpu_fit.map(|f| f.per_second_ms * secs(converged) / 1000.0);
     println!(
@@ -1367,6 +1382,7 @@ async fn main() -> ExitCode {
         "reconcile_time": reconciles.map(|t| json!({"reconciles": t.count, "mean_ms": t.mean_ms(), "over_1s": t.over_1s})),
         "write_answers": {"operator": operator_answers, "baseline": baseline.answers},
         "operator_switches_per_cluster": switches.map(|(v, i)| json!({"voluntary": v, "involuntary": i})),
+        "operator_kernel": kernel.map(|(s, f)| json!({"system_cpu_seconds_convergence": s, "minor_faults_per_cluster": f})),
         "operator_cpu_fit": cpu_fit.map(|f| json!({"fit": f, "per_second_part_s": per_second_part})),
         "operator_cpu_samples": cpu_samples,
     });
