@@ -10,12 +10,10 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 /// jemalloc's options (`_RJEM_MALLOC_CONF` in the environment adds to them): one arena, as the
 /// operator mostly waits on the API server and memory freed in one arena is reused only there;
-/// freed pages returned to the system within a second, not the default ten, so the caches'
-/// tables, which double as they grow, do not hold their old pages too. Not at once: that made
-/// the kernel take back and fault in again 26 pages per CdnCluster created (2 within a second),
-/// a fifth to a third of the operator's system CPU, for no lower peak (run 17).
+/// freed pages returned to the system at once, not kept for reuse for ten seconds, so the
+/// caches' tables, which double as they grow, do not hold their old pages too.
 #[export_name = "_rjem_malloc_conf"]
-static MALLOC_CONF: &[u8] = b"narenas:1,dirty_decay_ms:1000,muzzy_decay_ms:0\0";
+static MALLOC_CONF: &[u8] = b"narenas:1,dirty_decay_ms:0,muzzy_decay_ms:0\0";
 
 /// Kubernetes operator for CDN clusters of nginx (CdnCluster) and one-shot commands (At).
 #[derive(Parser)]
