@@ -60,9 +60,7 @@ fn a_reader_that_stops_early_is_not_an_error() {
     ] {
         let (reader, writer) = std::io::pipe().expect("a pipe");
         drop(reader);
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_cdn-operator"))
-            .args(args)
-            .env("KUBECONFIG", "/nonexistent/kubeconfig")
+        let out = golden::command(args)
             .stdin(std::process::Stdio::null())
             .stdout(writer)
             .output()

@@ -253,11 +253,12 @@ impl Usage {
             switches.voluntary += status.voluntary_ctxt_switches.unwrap_or_default();
             switches.involuntary += status.nonvoluntary_ctxt_switches.unwrap_or_default();
         }
+        let seconds = |ticks: u64| ticks as f64 / procfs::ticks_per_second() as f64;
         Some(Usage {
             rss_kib: status.vmrss?,
             peak_rss_kib: status.vmhwm?,
-            cpu_seconds: (stat.utime + stat.stime) as f64 / procfs::ticks_per_second() as f64,
-            system_seconds: stat.stime as f64 / procfs::ticks_per_second() as f64,
+            cpu_seconds: seconds(stat.utime + stat.stime),
+            system_seconds: seconds(stat.stime),
             minor_faults: stat.minflt,
             switches,
         })

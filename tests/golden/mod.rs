@@ -72,15 +72,21 @@ impl Run {
     }
 }
 
-/// Runs `cdn-operator ARGS` with `stdin`, and no cluster: KUBECONFIG points nowhere, so a
-/// command that tried to reach one would fail.
-pub fn cdn_operator(args: &[&str], stdin: &str) -> Run {
+/// `cdn-operator ARGS` with no cluster: KUBECONFIG points nowhere, so a command that tried to
+/// reach one would fail.
+pub fn command(args: &[&str]) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_cdn-operator"));
     command
         .args(args)
         .env("KUBECONFIG", "/nonexistent/kubeconfig")
         .env_remove("KUBERNETES_SERVICE_HOST");
-    let out = cdn_operator_testkit::run_with_stdin(&mut command, stdin).expect("run cdn-operator");
+    command
+}
+
+/// Runs `cdn-operator ARGS` with `stdin`, and no cluster (see [`command`]).
+pub fn cdn_operator(args: &[&str], stdin: &str) -> Run {
+    let out =
+        cdn_operator_testkit::run_with_stdin(&mut command(args), stdin).expect("run cdn-operator");
     Run {
         code: out.status.code().expect("exited"),
         stdout: String::from_utf8(out.stdout).unwrap(),

@@ -1161,21 +1161,20 @@ async fn main() -> ExitCode {
     };
     // Each voluntary switch is a wake-up, after which the operator's data is no longer in the
     // caches the server's processes shared meanwhile; involuntary ones are preemptions.
-    let switches = match (at_start, at_converged) {
-        (Some(from), Some(to)) => Some((
+    let convergence_usage = at_start.zip(at_converged);
+    let switches = convergence_usage.map(|(from, to)| {
+        (
             (to.switches.voluntary - from.switches.voluntary) as f64 / n as f64,
             (to.switches.involuntary - from.switches.involuntary) as f64 / n as f64,
-        )),
-        _ => None,
-    };
+        )
+    });
     // The kernel's part: syscalls and the pages the allocator returns and touches again.
-    let kernel = match (at_start, at_converged) {
-        (Some(from), Some(to)) => Some((
+    let kernel = convergence_usage.map(|(from, to)| {
+        (
             to.system_seconds - from.system_seconds,
             (to.minor_faults - from.minor_faults) as f64 / n as f64,
-        )),
-        _ => None,
-    };
+        )
+    });
     let (cpu_converge, cpu_steady, cpu_changes) = (
         cpu(at_start, at_converged),
         cpu(at_converged, at_steady),
