@@ -6,6 +6,7 @@
 
 use cdn_operator::api::{CdnCluster, CdnClusterSpec, Role, Source, State};
 use cdn_operator::cdncluster::parents::Parents;
+use cdn_operator::cdncluster::settled::Settled;
 use cdn_operator::cdncluster::{self, build, Context};
 use cdn_operator::events::{Events, Notice};
 use cdn_operator::reconcile::{self, Leadership};
@@ -32,6 +33,8 @@ struct Cluster {
     client: Client,
     /// One recorder for the whole test, as the operator has: it folds repeated Events.
     events: Events,
+    /// One memory of settled reconciles for the whole test, as the operator has.
+    settled: Settled,
 }
 
 impl Cluster {
@@ -40,8 +43,27 @@ impl Cluster {
         Cluster {
             client: fake.client.clone(),
             events: Events::new(fake.client.clone(), Some("test".into())),
+            settled: Settled::default(),
             fake,
         }
+    }
+
+    /// The cache `foo` behind the balancer `bar`, both reconciled once.
+    async fn foo_behind_bar() -> Cluster {
+        let c = Cluster::new().await;
+        c.create("foo", Role::Cache, &[]).await;
+        c.create("bar", Role::Balancer, &[("foo", None)]).await;
+        c.reconcile_ok("foo").await;
+        c.reconcile_ok("bar").await;
+        c
+    }
+
+    /// Deletes the Deployment of `cluster` as a user would.
+    async fn delete_deployment(&self, cluster: &str) {
+        self.api::<Deployment>()
+            .delete(&build::deployment_name(cluster), &DeleteParams::default())
+            .await
+            .unwrap();
     }
 
     fn take_writes(&self) -> Vec<String> {
@@ -64,6 +86,32 @@ impl Cluster {
         let spec = CdnClusterSpec::new(role, sources);
         self.api::<CdnCluster>()
             .create(&PostParams::default(), &CdnCluster::new(name, spec))
+            .await
+            .unwrap();
+        self.take_writes();
+    }
+
+    /// Changes the spec of the CdnCluster `name` as a user would (merge patch of `spec`).
+    async fn patch_spec(&self, name: &str, spec: serde_json::Value) {
+        self.api::<CdnCluster>()
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({ "spec": spec })),
+            )
+            .await
+            .unwrap();
+        self.take_writes();
+    }
+
+    /// Annotates the Deployment of `cluster` as another manager would (a field it then owns).
+    async fn annotate_deployment(&self, cluster: &str) {
+        self.api::<Deployment>()
+            .patch(
+                &build::deployment_name(cluster),
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"annotations": {"team": "video"}}})),
+            )
             .await
             .unwrap();
         self.take_writes();
@@ -110,7 +158,9 @@ impl Cluster {
 
     /// The controller's context with caches as fresh as the watches would make them.
     async fn context(&self) -> Arc<Context> {
-        self.fake.context(self.events.clone()).await
+        self.fake
+            .context_settled(self.events.clone(), self.settled.clone())
+            .await
     }
 
     async fn reconcile(&self, name: &str) -> Result<Action, cdn_operator::reconcile::Error> {
@@ -202,11 +252,7 @@ async fn writes_are_server_side_applies_and_status_goes_through_the_subresource(
 
 #[tokio::test]
 async fn an_unchanged_world_costs_no_write() {
-    let c = Cluster::new().await;
-    c.create("foo", Role::Cache, &[]).await;
-    c.create("bar", Role::Balancer, &[("foo", None)]).await;
-    c.reconcile_ok("foo").await;
-    c.reconcile_ok("bar").await;
+    let c = Cluster::foo_behind_bar().await;
     c.take_writes();
     for _ in 0..3 {
         c.reconcile_ok("foo").await;
@@ -215,15 +261,7 @@ async fn an_unchanged_world_costs_no_write() {
     assert_eq!(c.take_writes(), Vec::<String>::new());
 
     // A field another manager sets on a child is left alone, and costs no write either.
-    c.api::<Deployment>()
-        .patch(
-            "foo-deployment",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"annotations": {"team": "video"}}})),
-        )
-        .await
-        .unwrap();
-    c.take_writes();
+    c.annotate_deployment("foo").await;
     c.reconcile_ok("foo").await;
     assert_eq!(c.take_writes(), Vec::<String>::new());
     let d = c.deployment("foo").await.unwrap();
@@ -238,10 +276,7 @@ async fn a_deleted_deployment_is_recreated() {
     let c = Cluster::new().await;
     c.create("foo", Role::Cache, &[]).await;
     c.reconcile_ok("foo").await;
-    c.api::<Deployment>()
-        .delete("foo-deployment", &DeleteParams::default())
-        .await
-        .unwrap();
+    c.delete_deployment("foo").await;
     c.take_writes();
     c.reconcile_ok("foo").await;
     assert!(c.deployment("foo").await.is_some());
@@ -510,15 +545,11 @@ async fn a_spec_change_reaches_the_children() {
             .clone()
     };
     let before = hash(c.deployment("lb").await.unwrap());
-    c.api::<CdnCluster>()
-        .patch(
-            "lb",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"sources": [{"name": "live", "pathCondition": "^/hls/"}], "replicas": 3}})),
-        )
-        .await
-        .unwrap();
-    c.take_writes();
+    c.patch_spec(
+        "lb",
+        json!({"sources": [{"name": "live", "pathCondition": "^/hls/"}], "replicas": 3}),
+    )
+    .await;
     c.reconcile_ok("lb").await;
     assert_eq!(
         c.take_writes(),
@@ -945,4 +976,93 @@ async fn a_repeated_event_counts_in_its_series_and_another_note_is_a_new_event()
     );
     assert!(a.metadata.name.as_deref().unwrap().starts_with("lb."));
     assert!(a.event_time.is_some());
+}
+
+#[tokio::test]
+async fn a_reconcile_finding_what_the_last_one_left_ends_at_once() {
+    let c = Cluster::foo_behind_bar().await;
+    assert_eq!(c.settled.len(), 2);
+    assert_eq!(c.settled.skipped(), 0, "each wrote its children and status");
+    c.take_writes();
+
+    // The reconciles their own writes trigger find the caches at what they left.
+    c.reconcile_ok("foo").await;
+    c.reconcile_ok("bar").await;
+    assert_eq!(c.settled.skipped(), 2);
+    assert_eq!(c.take_writes(), Vec::<String>::new());
+
+    // Another manager's change to a child is read again (here it costs no write).
+    c.annotate_deployment("foo").await;
+    c.reconcile_ok("foo").await;
+    assert_eq!(c.settled.skipped(), 2, "a child changed: reconciled whole");
+    c.reconcile_ok("foo").await;
+    assert_eq!(c.settled.skipped(), 3);
+
+    // So is a change of a source: its parent reads it again.
+    c.patch_spec("foo", json!({"replicas": 2})).await;
+    c.take_writes();
+    c.reconcile_ok("bar").await;
+    assert_eq!(c.settled.skipped(), 3, "a source changed: reconciled whole");
+    c.reconcile_ok("foo").await;
+    assert_eq!(c.settled.skipped(), 3, "its spec changed: reconciled whole");
+    assert_eq!(
+        c.take_writes(),
+        [
+            "patch Deployment foo-deployment",
+            "status CdnCluster foo",
+            "create Event"
+        ]
+    );
+
+    // A deleted child is re-created, even right after a settled reconcile.
+    c.reconcile_ok("foo").await;
+    assert_eq!(c.settled.skipped(), 4);
+    c.delete_deployment("foo").await;
+    c.take_writes();
+    c.reconcile_ok("foo").await;
+    assert!(c.deployment("foo").await.is_some());
+    assert_eq!(c.settled.skipped(), 4);
+}
+
+#[tokio::test]
+async fn a_spec_changed_during_a_reconcile_is_reconciled_after_it() {
+    let c = Cluster::new().await;
+    c.create("foo", Role::Cache, &[]).await;
+    // The controller took the CdnCluster from its cache; its spec changes before the status
+    // write answers, so the answer holds a spec this reconcile did not deploy.
+    let taken = Arc::new(c.get_cluster("foo").await);
+    c.patch_spec("foo", json!({"replicas": 3})).await;
+    let changed = c.get_cluster("foo").await;
+    assert_ne!(
+        changed.metadata.generation, taken.metadata.generation,
+        "the in-memory API counts generations as a server does"
+    );
+    let action = cdncluster::reconcile(taken, c.context().await).await;
+    assert_eq!(action.expect("reconcile"), Action::await_change());
+    let replicas = |d: Deployment| d.spec.unwrap().replicas;
+    assert_eq!(replicas(c.deployment("foo").await.unwrap()), Some(1));
+
+    // The change's own event triggers the next reconcile, which deploys it.
+    c.reconcile_ok("foo").await;
+    assert_eq!(c.settled.skipped(), 0);
+    assert_eq!(replicas(c.deployment("foo").await.unwrap()), Some(3));
+    c.reconcile_ok("foo").await;
+    assert_eq!(c.settled.skipped(), 1);
+}
+
+#[tokio::test]
+async fn a_failed_reconcile_is_not_settled() {
+    let c = Cluster::new().await;
+    c.create("foo", Role::Cache, &[]).await;
+    c.reconcile_ok("foo").await;
+    assert_eq!(c.settled.len(), 1);
+    c.delete_deployment("foo").await;
+    c.fake
+        .refuse("patch Deployment", 500, "etcdserver: request timed out");
+    assert!(c.reconcile("foo").await.is_err());
+    c.fake.accept();
+    assert!(c.settled.is_empty(), "a failure leaves nothing settled");
+    c.reconcile_ok("foo").await;
+    assert_eq!(c.settled.skipped(), 0);
+    assert!(c.deployment("foo").await.is_some());
 }

@@ -4,6 +4,7 @@
 pub mod build;
 pub mod nginx;
 pub mod parents;
+pub mod settled;
 pub mod sources;
 pub mod status;
 
@@ -28,7 +29,9 @@ use kube::{Client, Resource, ResourceExt};
 use parents::{concerns_parents, Parents};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use settled::{Settled, VersionSet};
 use status::{ChildChange, Observed};
+use std::cell::RefCell;
 use std::fmt::Debug;
 use std::sync::Arc;
 use std::time::Duration;
@@ -51,6 +54,9 @@ pub struct Context {
     /// How long a reconcile waits for its writes to reach the caches; zero where no watch fills
     /// them (tests that fill the caches by hand).
     pub writes_visible_within: Duration,
+    /// What each CdnCluster's last successful reconcile left: a reconcile finding the same ends
+    /// at once.
+    pub settled: Settled,
 }
 
 impl reconcile::Context for Context {
@@ -92,6 +98,8 @@ pub fn controller(
     let (parents_tx, parents_rx) = mpsc::unbounded_channel();
     let mut parents = Parents::default();
     let cluster_arrivals = Arrivals::default();
+    let settled = Settled::default();
+    let forget = settled.clone();
     let (clusters, cluster_events) = cache::cached(
         scope.api::<CdnCluster>(client.clone()),
         watcher::Config::default(),
@@ -112,6 +120,13 @@ pub fn controller(
             };
             for parent in changed.map(|c| parents.of(c)).unwrap_or_default() {
                 let _ = parents_tx.send(parent);
+            }
+            match event {
+                watcher::Event::Delete(gone) => {
+                    forget.forget(&gone.namespace().unwrap_or_default(), &gone.name_any())
+                }
+                watcher::Event::Init => forget.forget_all(),
+                _ => {}
             }
             parents.observe(event, old.as_deref());
         },
@@ -143,6 +158,7 @@ pub fn controller(
         config_maps,
         services,
         writes_visible_within: cache::WRITES_VISIBLE_WITHIN,
+        settled,
     });
     (context, controller)
 }
@@ -152,16 +168,50 @@ impl cache::Cached for CdnCluster {
     const LABELS_READ: bool = false;
 }
 
-/// Reconciles one CdnCluster.
+/// Reconciles one CdnCluster; ends at once when nothing it reads changed since its last
+/// successful reconcile ([`Settled`]).
 pub async fn reconcile(cluster: Arc<CdnCluster>, ctx: Arc<Context>) -> Result<Action, Error> {
     ctx.shared.ready.wait().await;
     let namespace = cluster.namespace().unwrap_or_default();
     let name = cluster.name_any();
-    let now = Time(jiff::Timestamp::now());
-    let lookup = |source: &str| ctx.clusters.get(&ObjectRef::new(source).within(&namespace));
+    let result = reconcile_unless_settled(&cluster, &ctx, &namespace, &name).await;
+    if result.is_err() {
+        ctx.settled.forget(&namespace, &name);
+    }
+    result
+}
 
-    let resolved = sources::resolve(&cluster, lookup);
-    let mut written = Written::new(ctx.writes_visible_within);
+/// Dereference → validate → build → apply → status, unless [`Settled`] says the versions read
+/// are those the last successful reconcile left.
+async fn reconcile_unless_settled(
+    cluster: &Arc<CdnCluster>,
+    ctx: &Context,
+    namespace: &str,
+    name: &str,
+) -> Result<Action, Error> {
+    let looked_up = RefCell::new(Vec::new());
+    let lookup = |source: &str| {
+        let found = ctx.clusters.get(&ObjectRef::new(source).within(namespace));
+        let version = found.as_ref().and_then(|c| c.resource_version());
+        looked_up.borrow_mut().push((source.to_string(), version));
+        found
+    };
+    let resolved = sources::resolve(cluster, lookup);
+    let mut versions = VersionSet::new(cluster.resource_version(), looked_up.into_inner());
+    for (kind, cache, child) in [
+        ("ConfigMap", &ctx.config_maps, build::config_map_name(name)),
+        ("Deployment", &ctx.deployments, build::deployment_name(name)),
+        ("Service", &ctx.services, build::service_name(name)),
+    ] {
+        let version = cache.get(namespace, &child).map(|r| r.version.into());
+        versions.set_child(kind.into(), version);
+    }
+    if ctx.settled.unchanged(namespace, name, &versions) {
+        tracing::debug!(%namespace, %name, "unchanged since its last reconcile");
+        return Ok(Action::await_change());
+    }
+    let now = Time(jiff::Timestamp::now());
+    let mut written = Written::new(ctx.writes_visible_within, versions);
     // What the status is made from; a refused child fails the reconcile once the status says so.
     let (deployment, refusal, failed);
     let observed = match &resolved {
@@ -171,37 +221,45 @@ pub async fn reconcile(cluster: Arc<CdnCluster>, ctx: Arc<Context>) -> Result<Ac
             Observed::Problem(problem)
         }
         Ok(upstreams) => {
-            let children = build::children(&cluster, upstreams, &ctx.shared.run_as);
-            match apply_children(&ctx, &namespace, children, &mut written).await {
+            let children = build::children(cluster, upstreams, &ctx.shared.run_as);
+            match apply_children(ctx, namespace, children, &mut written).await {
                 Ok(last_known) => {
                     (deployment, failed) = (last_known, None);
                     Observed::Deployed(deployment.as_ref())
                 }
                 Err(error) => {
-                    refusal = status::Refusal::of(&error, &namespace);
+                    refusal = status::Refusal::of(&error, namespace);
                     failed = Some(error);
                     Observed::Refused(&refusal)
                 }
             }
         }
     };
-    let status = status::desired(&cluster, observed, &now);
-    let notices = status::notices(&cluster, &status, &observed, &written.changes);
+    let status = status::desired(cluster, observed, &now);
+    let notices = status::notices(cluster, &status, &observed, &written.changes);
 
-    let api: Api<Compact<CdnCluster>> = Api::namespaced(ctx.shared.client.clone(), &namespace);
+    let api: Api<Compact<CdnCluster>> = Api::namespaced(ctx.shared.client.clone(), namespace);
     let before = cluster.resource_version();
     match apply::apply_status(&api, cluster.as_ref(), cluster.status.as_ref(), &status).await {
-        Ok(Some(applied)) => written.wrote(
-            &ctx.clusters,
-            &ctx.cluster_arrivals,
-            (&namespace, &name),
-            before,
-            applied.resource_version(),
-        ),
+        Ok(Some(applied)) => {
+            // The answer's version is what this reconcile left only if it still holds the spec
+            // reconciled: a spec changed meanwhile must be reconciled, not found settled.
+            if applied.record.generation.map(|g| g.get()) == cluster.metadata.generation {
+                written.versions.set_cluster(applied.resource_version());
+            }
+            written.wrote(
+                &ctx.clusters,
+                &ctx.cluster_arrivals,
+                (namespace, name),
+                before,
+                applied.resource_version(),
+            )
+        }
         Ok(None) => {}
         Err(error) if reconcile::is_not_found(&error) => {
             // Deleted while queued: its children go with it by garbage collection.
             tracing::debug!(%namespace, %name, "deleted before its status was written");
+            ctx.settled.forget(namespace, name);
             return Ok(Action::await_change());
         }
         Err(error) => return Err(Error::WriteStatus(error)),
@@ -213,28 +271,33 @@ pub async fn reconcile(cluster: Arc<CdnCluster>, ctx: Arc<Context>) -> Result<Ac
             ctx.shared.events.publish(cluster.as_ref(), notice).await;
         }
     };
-    futures::join!(publish, written.until_visible());
+    let versions = written.until_visible_with(publish).await;
     if let Some(error) = failed {
         return Err(error);
     }
     ctx.shared.succeeded(cluster.as_ref());
+    ctx.settled.settled(namespace, name, &versions);
     Ok(Action::await_change())
 }
 
-/// What a reconcile wrote: the children it changed (for the Events), and, for each write, the
-/// wait (at most `within`) until the caches show it (futures do nothing until awaited).
+/// What a reconcile wrote: the children it changed (for the Events), for each write the wait (at
+/// most `within`) until the caches show it (futures do nothing until awaited), and the versions
+/// it read and left.
 struct Written {
     changes: Vec<ChildChange>,
     visible: Vec<BoxFuture<'static, ()>>,
     within: Duration,
+    versions: VersionSet,
 }
 
 impl Written {
-    fn new(within: Duration) -> Self {
+    /// Nothing written yet, after reading `versions`.
+    fn new(within: Duration, versions: VersionSet) -> Self {
         Written {
             changes: Vec::new(),
             visible: Vec::new(),
             within,
+            versions,
         }
     }
 
@@ -260,10 +323,12 @@ impl Written {
         );
     }
 
-    /// Waits until the caches hold what this reconcile wrote, so the reconciles its writes
-    /// trigger read them instead of writing them again.
-    async fn until_visible(self) {
-        futures::future::join_all(self.visible).await;
+    /// Runs `beside` while waiting until the caches hold what this reconcile wrote, so the
+    /// reconciles its writes trigger read them instead of writing them again; then returns the
+    /// versions this reconcile read and left.
+    async fn until_visible_with(self, beside: impl std::future::Future<Output = ()>) -> VersionSet {
+        futures::join!(beside, futures::future::join_all(self.visible));
+        self.versions
     }
 
     /// Records what [`apply_child`] did to a child cached in `cache`, and passes on its cached
@@ -275,8 +340,12 @@ impl Written {
         (observed, applied): ChildApplied<K>,
     ) -> (Option<Record>, Option<Compact<K>>) {
         let Some((change, applied)) = applied else {
+            let version = observed.as_ref().map(|o| o.version.to_string());
+            self.versions.set_child(K::kind(&()), version);
             return (observed, None);
         };
+        self.versions
+            .set_child(K::kind(&()), applied.resource_version());
         self.changes.push(ChildChange {
             child: applied.object_ref(&()),
             change,

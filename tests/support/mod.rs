@@ -10,6 +10,7 @@
 use cdn_operator::api::CdnCluster;
 use cdn_operator::at::Clock;
 use cdn_operator::cache::CachesReady;
+use cdn_operator::cdncluster::settled::Settled;
 use cdn_operator::cdncluster::Context;
 use cdn_operator::compact::{Compact, Records};
 use cdn_operator::events::Events;
@@ -318,6 +319,12 @@ impl FakeApi {
 
     /// The controller's context, caches as fresh as the watches would make them.
     pub async fn context(&self, events: Events) -> Arc<Context> {
+        self.context_settled(events, Settled::default()).await
+    }
+
+    /// [`FakeApi::context`] remembering what earlier reconciles left in `settled`, as the
+    /// operator's one context does.
+    pub async fn context_settled(&self, events: Events, settled: Settled) -> Arc<Context> {
         Arc::new(Context {
             shared: Shared::new(self.client.clone(), events, CachesReady::already()),
             clusters: self.store().await,
@@ -327,6 +334,7 @@ impl FakeApi {
             services: self.records::<Service>().await,
             // The caches are filled by hand before each reconcile: no watch to wait for.
             writes_visible_within: std::time::Duration::ZERO,
+            settled,
         })
     }
 }
