@@ -2,6 +2,7 @@
 //! CRDs, run the built operator binary out of cluster, give each test a fresh namespace, and clean
 //! up afterwards, also when a test fails (printing the operator's logs then).
 
+pub mod canary;
 pub mod proxy;
 
 use cdn_operator::api::CdnCluster;

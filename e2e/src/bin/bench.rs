@@ -35,6 +35,7 @@ use cdn_operator::cdncluster::status::{self, ChildChange, Observed};
 use cdn_operator::cdncluster::{build, sources};
 use cdn_operator::compact::Compact;
 use cdn_operator::events::Events;
+use cdn_operator_e2e::canary::{self, Canary};
 use cdn_operator_e2e::proxy::{LoggedWrite, Proxy};
 use cdn_operator_e2e::{
     connect, delete_namespace, install_crds, NamespaceGuard, Operator, OperatorOptions,
@@ -471,6 +472,65 @@ struct CpuSample {
     seconds: f64,
     cpu_seconds: f64,
     converged: usize,
+}
+
+/// One stretch of the convergence, cut by CdnClusters converged from the CPU samples: its pace,
+/// the operator's CPU per CdnCluster, and how fast the machine ran then ([`canary`]: its task's
+/// cost against its idle cost). Whether the CPU per CdnCluster grows with the CdnClusters held or
+/// with the pace, and whether the machine slowed, shows stretch by stretch.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+struct Stretch {
+    from: usize,
+    to: usize,
+    per_second: f64,
+    cpu_ms_per_cluster: f64,
+    /// The canary's loads and arithmetic against their idle cost, when it ran in the stretch.
+    canary: Option<(f64, f64)>,
+    #[serde(skip)]
+    seconds: (f64, f64),
+}
+
+impl Stretch {
+    /// The stretches of at least `step` CdnClusters each (the last may be shorter), from the
+    /// samples' boundaries.
+    fn of(samples: &[CpuSample], step: usize) -> Vec<Stretch> {
+        let mut stretches = Vec::new();
+        let Some(mut from) = samples.first().copied() else {
+            return stretches;
+        };
+        for (i, sample) in samples.iter().enumerate().skip(1) {
+            let last = i == samples.len() - 1;
+            let done = sample.converged.saturating_sub(from.converged);
+            if done >= step.max(1) || (last && done > 0) {
+                let seconds = sample.seconds - from.seconds;
+                stretches.push(Stretch {
+                    from: from.converged,
+                    to: sample.converged,
+                    per_second: done as f64 / seconds.max(f64::MIN_POSITIVE),
+                    cpu_ms_per_cluster: (sample.cpu_seconds - from.cpu_seconds) * 1000.0
+                        / done as f64,
+                    canary: None,
+                    seconds: (from.seconds, sample.seconds),
+                });
+                from = *sample;
+            }
+        }
+        stretches
+    }
+}
+
+impl std::fmt::Display for Stretch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}–{}: {:.2} ms at {:.1}/s",
+            self.from, self.to, self.cpu_ms_per_cluster, self.per_second
+        )?;
+        if let Some((loads, arithmetic)) = self.canary {
+            write!(f, " (canary {loads:.2}×/{arithmetic:.2}×)")?;
+        }
+        Ok(())
+    }
 }
 
 /// The operator's CPU over the convergence, taken apart by least squares over the sampling
@@ -995,8 +1055,15 @@ async fn main() -> ExitCode {
             args.max_concurrent_reconciles
         )],
     };
+    let canary = Canary::start();
     let mut operator = options.start("bench").await;
     settle(&proxy, Duration::from_secs(2), Duration::from_secs(60)).await;
+    // The canary's idle cost: the operator settled, nothing created yet.
+    let idle_from = Instant::now();
+    while canary.taken_since(idle_from) < 8 {
+        tokio::time::sleep(canary::EVERY).await;
+    }
+    let idle = canary.cost_between(idle_from, Instant::now());
     let startup = proxy.counts();
     let reconciles_before = Reconciles::of(&operator);
     let at_start = operator.usage();
@@ -1044,6 +1111,21 @@ async fn main() -> ExitCode {
     };
     let cpu_samples = cpu_sampling.stop().await;
     let cpu_fit = CpuFit::of(&cpu_samples);
+    let at = |seconds: f64| start + Duration::from_secs_f64(seconds);
+    let against_idle = |from: f64, to: f64| {
+        let cost = canary.cost_between(at(from), at(to))?;
+        let against = cost.against(idle?);
+        Some((against.loads_us, against.arithmetic_us))
+    };
+    let machine = against_idle(0.0, converged.as_secs_f64());
+    let stretches: Vec<Stretch> = Stretch::of(&cpu_samples, (n / 10).max(100))
+        .into_iter()
+        .map(|s| Stretch {
+            canary: against_idle(s.seconds.0, s.seconds.1),
+            ..s
+        })
+        .collect();
+    drop(canary);
     let operator_answers = Answers::of(&proxy.write_times_since(writes_at_start), converged);
     let children_at = children_at.unwrap_or(converged);
     eprintln!("bench: converged in {converged:?}; waiting for the operator to go quiet");
@@ -1335,6 +1417,18 @@ async fn main() -> ExitCode {
         cpu_fit.map_or("n/a".into(), |f| f.to_string())
     );
     println!(
+        "| why: the machine's speed during convergence: a canary's fixed task (dependent loads through 16 MiB; arithmetic), its cost against idle | {} |",
+        machine.map_or("n/a".into(), |(l, a)| format!("{l:.2}× / {a:.2}×"))
+    );
+    println!(
+        "| why: operator CPU per CdnCluster by stretch of CdnClusters converged, at the stretch's pace (canary against idle) | {} |",
+        stretches
+            .iter()
+            .map(Stretch::to_string)
+            .collect::<Vec<_>>()
+            .join("; ")
+    );
+    println!(
         "| why: the part paid per second, over the convergence | {} |",
         match (per_second_part, cpu_converge) {
             (Some(part), Some(all)) => format!("{part:.2} s of {all:.2} s"),
@@ -1353,7 +1447,7 @@ async fn main() -> ExitCode {
         convergence.0
     );
     println!("steady-state requests: {:?}", steady.0);
-    let report = json!({
+    let mut report = json!({
         "clusters": n, "namespaces": namespaces.len(), "replicas": args.replicas,
         "max_concurrent_reconciles": args.max_concurrent_reconciles,
         "created_s": secs(created), "children_applied_s": secs(children_at), "statuses_written_s": secs(converged),
@@ -1385,6 +1479,10 @@ async fn main() -> ExitCode {
         "operator_cpu_fit": cpu_fit.map(|f| json!({"fit": f, "per_second_part_s": per_second_part})),
         "operator_cpu_samples": cpu_samples,
     });
+    // Beside the macro above, whose size meets the recursion limit.
+    report["operator_cpu_by_stretch"] = json!(stretches);
+    report["canary_against_idle"] =
+        json!(machine.map(|(l, a)| json!({"loads": l, "arithmetic": a})));
     let json_path = if args.json.is_absolute() {
         args.json.clone()
     } else {
@@ -1430,6 +1528,38 @@ mod tests {
             all.push(sample);
         }
         all
+    }
+
+    #[test]
+    fn stretches_cut_the_convergence_by_cdnclusters_converged() {
+        // 0.5 ms per CdnCluster at 50/s, 1 ms at 20/s.
+        let mut all = samples(0.0, 0.0005, &[50, 50, 50]);
+        let fast = *all.last().unwrap();
+        for (k, sample) in samples(0.0, 0.001, &[20, 20, 20, 20])
+            .into_iter()
+            .enumerate()
+            .skip(1)
+        {
+            all.push(CpuSample {
+                seconds: fast.seconds + 2.0 * k as f64,
+                cpu_seconds: fast.cpu_seconds + sample.cpu_seconds,
+                converged: fast.converged + sample.converged,
+            });
+        }
+        let stretches = Stretch::of(&all, 150);
+        let cut: Vec<(usize, usize)> = stretches.iter().map(|s| (s.from, s.to)).collect();
+        // At least 150 each, cut where the samples fall; the last one shorter.
+        assert_eq!(cut, [(0, 200), (200, 380), (380, 460)]);
+        let pace: Vec<f64> = stretches.iter().map(|s| s.per_second).collect();
+        assert_eq!(pace, [50.0, 30.0, 20.0]);
+        let cost = |s: &Stretch| (s.cpu_ms_per_cluster * 1000.0).round() / 1000.0;
+        // The middle one holds 100 at 0.5 ms and 80 at 1 ms.
+        assert_eq!(
+            stretches.iter().map(cost).collect::<Vec<_>>(),
+            [0.5, 0.722, 1.0]
+        );
+        assert_eq!(stretches[0].to_string(), "0–200: 0.50 ms at 50.0/s");
+        assert!(Stretch::of(&all[..1], 150).is_empty());
     }
 
     #[test]
