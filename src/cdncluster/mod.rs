@@ -198,13 +198,21 @@ async fn reconcile_unless_settled(
     };
     let resolved = sources::resolve(cluster, lookup);
     let mut versions = VersionSet::new(cluster.resource_version(), looked_up.into_inner());
+    // Kinds as `Written::child` names them, versions as the caches hold them.
     for (kind, cache, child) in [
-        ("ConfigMap", &ctx.config_maps, build::config_map_name(name)),
-        ("Deployment", &ctx.deployments, build::deployment_name(name)),
-        ("Service", &ctx.services, build::service_name(name)),
+        (
+            ConfigMap::kind(&()),
+            &ctx.config_maps,
+            build::config_map_name(name),
+        ),
+        (
+            Deployment::kind(&()),
+            &ctx.deployments,
+            build::deployment_name(name),
+        ),
+        (Service::kind(&()), &ctx.services, build::service_name(name)),
     ] {
-        let version = cache.get(namespace, &child).map(|r| r.version.into());
-        versions.set_child(kind.into(), version);
+        versions.set_child(kind, cache.version(&Records::key(namespace, &child)));
     }
     if ctx.settled.unchanged(namespace, name, &versions) {
         tracing::debug!(%namespace, %name, "unchanged since its last reconcile");
@@ -271,7 +279,7 @@ async fn reconcile_unless_settled(
             ctx.shared.events.publish(cluster.as_ref(), notice).await;
         }
     };
-    let versions = written.until_visible_with(publish).await;
+    let ((), versions) = futures::join!(publish, written.until_visible());
     if let Some(error) = failed {
         return Err(error);
     }
@@ -323,11 +331,10 @@ impl Written {
         );
     }
 
-    /// Runs `beside` while waiting until the caches hold what this reconcile wrote, so the
-    /// reconciles its writes trigger read them instead of writing them again; then returns the
-    /// versions this reconcile read and left.
-    async fn until_visible_with(self, beside: impl std::future::Future<Output = ()>) -> VersionSet {
-        futures::join!(beside, futures::future::join_all(self.visible));
+    /// Waits until the caches hold what this reconcile wrote, so the reconciles its writes
+    /// trigger read them instead of writing them again; returns the versions it read and left.
+    async fn until_visible(self) -> VersionSet {
+        futures::future::join_all(self.visible).await;
         self.versions
     }
 
