@@ -414,7 +414,7 @@ async fn a_pool_of_two_caches_deploys_one_hashed_upstream() {
     let ns = env.ns.clone();
     assert_eq!(conf.matches("upstream source_").count(), 1, "{conf}");
     for line in [
-        "hash $request_uri consistent;".to_string(),
+        "hash $host$uri$cdn_key_args consistent;".to_string(),
         format!("server cache-a.{ns}.svc:80 weight=2 max_fails=2 fail_timeout=5s;"),
         format!("server cache-b.{ns}.svc:80 weight=1 max_fails=2 fail_timeout=5s;"),
         "# default pool cache-a + cache-b".to_string(),

@@ -58,6 +58,11 @@ pub struct CdnClusterSpec {
     /// Cache tuning; used by the `cache` role only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache: Option<Box<CacheSpec>>,
+
+    /// How requests are identified: whose `X-Forwarded-For` is trusted, and which query parameters
+    /// do not make an object different.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http: Option<Box<HttpSpec>>,
 }
 
 fn default_replicas() -> i32 {
@@ -74,6 +79,7 @@ impl CdnClusterSpec {
             image: None,
             resources: None,
             cache: None,
+            http: None,
         }
     }
 }
@@ -222,11 +228,70 @@ pub struct CacheSpec {
     #[schemars(regex(pattern = r"^[1-9][0-9]*(ms|s|m|h|d|w|M|y)?$"))]
     pub inactive: Option<String>,
 
-    /// How long a successful response (200, 206, 301, 302) stays fresh when the source does not say,
-    /// in nginx's time syntax. Default `10m`.
+    /// How long a successful response (200, 206, 301, 302) stays fresh when the source does not say
+    /// (no `Cache-Control` or `Expires`) and no rule matches, in nginx's time syntax. Default `10m`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(regex(pattern = r"^[1-9][0-9]*(ms|s|m|h|d|w|M|y)?$"))]
     pub valid: Option<String>,
+
+    /// Lifetimes by path when the source does not say, first match wins: for HLS and DASH,
+    /// manifests that change every few seconds and segments that never change. Without `rules`,
+    /// manifests (`.m3u8`, `.mpd`) live 2s and segments (`.ts`, `.m4s`, `.mp4`, `.aac`, ...) 1d;
+    /// `rules: []` leaves every path to `valid`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 32))]
+    pub rules: Option<Vec<CacheRule>>,
+
+    /// How long a 404 or 410 answer stays cached when the source does not say: the requests for a
+    /// missing object within it reach the source once. Default `1s`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^[1-9][0-9]*(ms|s|m|h|d|w|M|y)?$"))]
+    pub not_found_valid: Option<String>,
+
+    /// Large objects are fetched and cached in slices of this size, so a range request fetches only
+    /// the slices it covers; in nginx's size syntax (`512k`, `1m`, `4m`). Default `1m`. Changing it
+    /// changes every object's cache key: what is cached is fetched again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^[1-9][0-9]*[kKmM]?$"))]
+    pub slice_size: Option<String>,
+}
+
+/// The lifetime of the responses for some paths when their source does not say.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CacheRule {
+    /// A regular expression (PCRE, as nginx uses) matched against the request path.
+    #[schemars(length(min = 1))]
+    pub path_condition: String,
+
+    /// How long a successful response (200, 206, 301, 302) of a matching path stays fresh, in
+    /// nginx's time syntax.
+    #[schemars(regex(pattern = r"^[1-9][0-9]*(ms|s|m|h|d|w|M|y)?$"))]
+    pub valid: String,
+}
+
+/// How requests are identified.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct HttpSpec {
+    /// Addresses or CIDR ranges of the proxies in front of this cluster whose `X-Forwarded-For`
+    /// and `X-Forwarded-Proto` are trusted: the client address they carry is kept and this
+    /// cluster appends its peer's. From any other peer the headers are replaced by the peer's
+    /// own address and scheme, so a client cannot forge them. Default: none for a `balancer`
+    /// (the edge), the private ranges (10.0.0.0/8, 172.16.0.0/12, 192.168.0.0/16, 100.64.0.0/10,
+    /// fc00::/7), where the tiers in front of it run, for a `cache`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    #[schemars(extend("items" = {"type": "string", "maxLength": 64, "x-kubernetes-validations": [{"rule": "isCIDR(self) || isIP(self)", "message": "must be an IP address or a CIDR range"}]}))]
+    pub trusted_proxies: Option<Vec<String>>,
+
+    /// Query parameters that do not make an object different, such as the tokens of signed URLs:
+    /// left out of a cache's key and of the hash by which a balancer spreads requests over a pool,
+    /// so one object is cached once whatever its token. They are still sent to the source.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 32))]
+    #[schemars(extend("items" = {"type": "string", "minLength": 1, "maxLength": 128, "pattern": "^[A-Za-z0-9_.~-]+$"}))]
+    pub excluded_query_parameters: Option<Vec<String>>,
 }
 
 /// What the operator observed of a CdnCluster.

@@ -19,16 +19,67 @@ pub const CACHE_STATUS_HEADER: &str = "X-Cache-Status";
 /// members that failed, comma-separated): nginx's `$upstream_addr`.
 pub const UPSTREAM_HEADER: &str = "X-Cdn-Upstream";
 /// A pool member that fails this many times within [`POOL_FAIL_TIMEOUT`] is left out for
-/// [`POOL_FAIL_TIMEOUT`], then tried again.
+/// [`POOL_FAIL_TIMEOUT`], then tried again. Only its own failures count (refused, reset, timed out):
+/// what it relays from further up is an answer.
 pub const POOL_MAX_FAILS: u32 = 2;
 pub const POOL_FAIL_TIMEOUT: &str = "5s";
-/// How long a request may spend trying the members of a pool.
-pub const POOL_NEXT_TIMEOUT: &str = "15s";
-/// A member that does not accept a connection this fast is skipped: the next one may.
-pub const POOL_CONNECT_TIMEOUT: &str = "3s";
-/// A member that accepts but sends nothing for this long (hung) is skipped too: under
-/// [`POOL_NEXT_TIMEOUT`], so the next member still gets the request.
-pub const POOL_READ_TIMEOUT: &str = "10s";
+
+/// Timeouts, ordered so that the inner tier gives up first: a cache answers (stale, or the
+/// origin's error) before the balancer in front of it would give up on it, so a slow origin
+/// neither marks a healthy cache down nor makes the balancer fetch one object again through a
+/// second cache. In seconds; [`timeouts_are_ordered`] is the rule.
+pub mod timeouts {
+    /// An origin that does not accept a connection this fast is failed (the next of its pool).
+    pub const ORIGIN_CONNECT: u32 = 3;
+    /// An origin silent this long between two reads is failed.
+    pub const ORIGIN_READ: u32 = 8;
+    /// A request is passed to the next origin of a pool only within this time of its first
+    /// attempt: after a quick failure, not after a slow one.
+    pub const ORIGIN_NEXT: u32 = 4;
+    /// How long a request waits for another that is fetching the same object to cache it, before
+    /// going to the origin itself (and not caching what it gets).
+    pub const CACHE_LOCK: u32 = 5;
+    /// A CdnCluster that does not accept a connection this fast is down: the next member of its
+    /// pool gets the request.
+    pub const TIER_CONNECT: u32 = 2;
+    /// A CdnCluster silent this long between two reads is hung: longer than the worst a cache
+    /// waits for its origins before it answers.
+    pub const TIER_READ: u32 = 25;
+    /// A request is passed to the next member of a pool of CdnClusters only within this time of
+    /// its first attempt: long enough to follow a hung member.
+    pub const TIER_NEXT: u32 = 30;
+}
+
+/// The rule the timeouts follow: a cache's worst wait before it answers (the cache lock, then a
+/// last attempt at an origin started just within the pool's bound) is shorter than the read
+/// timeout of a balancer in front of it, and a balancer still tries another member after a hung
+/// one.
+pub const fn timeouts_are_ordered() -> bool {
+    use timeouts::*;
+    CACHE_LOCK + ORIGIN_NEXT + ORIGIN_CONNECT + ORIGIN_READ < TIER_READ
+        && TIER_CONNECT + TIER_READ <= TIER_NEXT
+}
+const _: () = assert!(timeouts_are_ordered());
+
+/// The ranges a cache trusts `X-Forwarded-For` from by default: the private networks where the
+/// pods of the tiers in front of it run.
+pub const PRIVATE_RANGES: [&str; 5] = [
+    "10.0.0.0/8",
+    "172.16.0.0/12",
+    "192.168.0.0/16",
+    "100.64.0.0/10",
+    "fc00::/7",
+];
+
+/// The lifetimes by path of a cache whose spec sets no rules, for HLS and DASH: manifests change
+/// at every segment, segments never change.
+pub const DEFAULT_RULES: [(&str, &str); 2] = [
+    (r"\.(m3u8|mpd)$", "2s"),
+    (
+        r"\.(ts|m4s|mp4|m4a|m4v|aac|ac3|ec3|cmfv|cmfa|vtt|webvtt)$",
+        "1d",
+    ),
+];
 
 /// A source whose address is known.
 #[derive(Clone, Debug, PartialEq)]
@@ -50,6 +101,9 @@ pub struct Upstream {
     pub revision: Option<String>,
     /// Its share of its pool (`weight=` on the hash ring).
     pub weight: u32,
+    /// Another CdnCluster (a tier of this CDN) rather than an origin: its timeouts are the
+    /// tiers', and it is failed over only when it fails itself.
+    pub tier: bool,
 }
 
 /// The sources that share a location, as indexes into the upstreams: those with the same
@@ -103,6 +157,10 @@ pub struct CacheTuning {
     pub size: String,
     pub inactive: String,
     pub valid: String,
+    pub not_found_valid: String,
+    pub slice_size: String,
+    /// `(pathCondition, valid)`, first match wins.
+    pub rules: Vec<(String, String)>,
 }
 
 impl Default for CacheTuning {
@@ -111,9 +169,73 @@ impl Default for CacheTuning {
             size: "1g".into(),
             inactive: "10m".into(),
             valid: "10m".into(),
+            not_found_valid: "1s".into(),
+            slice_size: "1m".into(),
+            rules: DEFAULT_RULES
+                .iter()
+                .map(|(path, valid)| (path.to_string(), valid.to_string()))
+                .collect(),
         }
     }
 }
+
+/// How requests are identified, with defaults applied.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct HttpTuning {
+    /// Peers whose X-Forwarded-For and X-Forwarded-Proto are kept.
+    pub trusted_proxies: Vec<String>,
+    /// Query parameters left out of the cache key and of a pool's hash.
+    pub excluded_query_parameters: Vec<String>,
+}
+
+impl HttpTuning {
+    /// The defaults of `role`: a balancer is the edge and trusts no one; a cache trusts the
+    /// private ranges, where the balancers in front of it run.
+    pub fn for_role(role: Role) -> Self {
+        let trusted_proxies = match role {
+            Role::Balancer => Vec::new(),
+            Role::Cache => PRIVATE_RANGES.iter().map(|r| r.to_string()).collect(),
+        };
+        HttpTuning {
+            trusted_proxies,
+            excluded_query_parameters: Vec::new(),
+        }
+    }
+}
+
+/// Bytes of nginx's size syntax (`1g`, `512m`, `64k`, `1000`); `None` when it is not one.
+pub fn size_bytes(size: &str) -> Option<u64> {
+    let (digits, unit) = match size.char_indices().last()? {
+        (i, c) if c.is_ascii_alphabetic() => (&size[..i], c.to_ascii_lowercase()),
+        _ => (size, 'b'),
+    };
+    let n: u64 = digits.parse().ok()?;
+    let scale = match unit {
+        'b' => 1,
+        'k' => 1 << 10,
+        'm' => 1 << 20,
+        'g' => 1 << 30,
+        _ => return None,
+    };
+    n.checked_mul(scale)
+}
+
+/// The shared memory of the cache's keys, in MiB: nginx keeps about 8,000 keys in one MiB, and
+/// a cache of `size` holds `size` / 128 KiB objects at most on average (slices, segments and
+/// small manifests); 16 MiB at least.
+pub fn keys_zone_mib(size: &str) -> u64 {
+    const AVERAGE_OBJECT: u64 = 128 << 10;
+    const KEYS_PER_MIB: u64 = 8_000;
+    let objects = size_bytes(size).unwrap_or(0) / AVERAGE_OBJECT;
+    objects.div_ceil(KEYS_PER_MIB).max(16)
+}
+
+/// The variable holding the query string that identifies an object (`?a=1`, or empty): the query
+/// without the excluded parameters.
+const KEY_ARGS: &str = "$cdn_key_args";
+/// The variables of the X-Forwarded-* headers sent upstream.
+const FORWARDED_FOR: &str = "$cdn_forwarded_for";
+const FORWARDED_PROTO: &str = "$cdn_forwarded_proto";
 
 /// Renders the complete nginx.conf.
 pub fn render(
@@ -121,6 +243,7 @@ pub fn render(
     role: Role,
     upstreams: &[Upstream],
     cache: &CacheTuning,
+    http: &HttpTuning,
     paths: &Paths,
 ) -> String {
     let mut c = String::new();
@@ -140,11 +263,13 @@ pub fn render(
          \x20   default_type application/octet-stream;\n\
          \x20   log_format cdn '$remote_addr - [$time_local] \"$request\" $status $body_bytes_sent '\n\
          \x20                  '\"$http_user_agent\" rt=$request_time cache=$upstream_cache_status upstream=$upstream_addr';\n\
-         \x20   access_log /dev/stdout cdn;\n\
+         \x20   # Buffered: a write per request costs a fifth of the throughput of hits.\n\
+         \x20   access_log /dev/stdout cdn buffer=64k flush=1s;\n\
          \x20   server_tokens off;\n\
          \x20   sendfile on;\n\
          \x20   tcp_nopush on;\n\
          \x20   keepalive_timeout 65s;\n\
+         \x20   keepalive_requests 10000;\n\
          \x20   client_body_temp_path {tmp}/client_body;\n\
          \x20   proxy_temp_path {tmp}/proxy;\n\
          \x20   fastcgi_temp_path {tmp}/fastcgi;\n\
@@ -153,14 +278,22 @@ pub fn render(
         role = role.as_str(),
     );
     if role == Role::Cache {
-        let _ = writeln!(
+        let zone = keys_zone_mib(&cache.size);
+        // The zone's name carries its size: nginx refuses to reload into a zone of another size,
+        // and a new name loads the cache on disk into the new zone instead.
+        let _ = write!(
             c,
-            "    proxy_cache_path {dir}/cdn levels=1:2 keys_zone=cdn:16m max_size={size} inactive={inactive} use_temp_path=off;",
+            "    proxy_cache_path {dir}/cdn levels=1:2 keys_zone=cdn_{zone}m:{zone}m max_size={size} inactive={inactive} use_temp_path=off;\n\
+             \x20   # Cached files stay open between hits.\n\
+             \x20   open_file_cache max=10000 inactive=30s;\n",
             dir = paths.cache_dir,
             size = cache.size,
             inactive = cache.inactive,
         );
     }
+    write_forwarding(&mut c, &http.trusted_proxies);
+    write_key_args(&mut c, &http.excluded_query_parameters);
+
     let pools = pools(upstreams);
     for pool in &pools {
         let i = pool[0];
@@ -178,9 +311,10 @@ pub fn render(
         if let [only] = pool[..] {
             let _ = writeln!(c, "        server {};", upstreams[only].address);
         } else {
-            // One member per URI, so each object is fetched and cached by one cache of the pool;
-            // a member leaving or joining moves only its own share of the URIs.
-            let _ = writeln!(c, "        hash $request_uri consistent;");
+            // One member per object, so each object is fetched and cached by one cache of the
+            // pool; a member leaving or joining moves only its own share of the objects. The key
+            // is the caches' own key, so an excluded parameter does not spread an object.
+            let _ = writeln!(c, "        hash $host$uri{KEY_ARGS} consistent;");
             // Failures seen by one worker mark the member down for all of them.
             let _ = writeln!(c, "        zone source_{i} 64k;");
             for &m in pool {
@@ -191,31 +325,45 @@ pub fn render(
                 );
             }
         }
-        let _ = writeln!(c, "        keepalive 32;\n    }}");
+        // Connections to every source are reused (HTTP/1.1 without `Connection: close`, set in
+        // each location); the sources' own idle timeouts are longer (65s for a CdnCluster).
+        let _ = writeln!(
+            c,
+            "        keepalive 32;\n        keepalive_timeout 60s;\n    }}"
+        );
     }
     let _ = write!(
         c,
         "\n    server {{\n\
          \x20       listen {listen};\n\
          \n\
-         \x20       proxy_http_version 1.1;\n\
-         \x20       proxy_set_header Connection \"\";\n\
-         \x20       proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;\n\
-         \x20       proxy_set_header X-Forwarded-Proto $scheme;\n",
+         \x20       proxy_http_version 1.1;\n",
         listen = paths.listen,
     );
     if role == Role::Cache {
         let _ = write!(
             c,
-            "\n        proxy_cache cdn;\n\
-             \x20       proxy_cache_valid 200 206 301 302 {valid};\n\
+            "\n        proxy_cache cdn_{zone}m;\n\
+             \x20       # Large objects are fetched and cached by slices: a range fetches only what it covers.\n\
+             \x20       slice {slice};\n\
+             \x20       # The host is part of the key: one path of two sites is two objects. So is a\n\
+             \x20       # HEAD, which is passed on as a HEAD: it does not fetch the body.\n\
+             \x20       proxy_cache_key $request_method$host$uri{KEY_ARGS}$slice_range;\n\
+             \x20       proxy_cache_convert_head off;\n\
+             \x20       # Concurrent misses of one object make one request to the source.\n\
              \x20       proxy_cache_lock on;\n\
-             \x20       proxy_cache_use_stale error timeout updating http_500 http_502 http_503 http_504;\n\
+             \x20       proxy_cache_lock_timeout {lock}s;\n\
+             \x20       proxy_cache_lock_age {lock}s;\n\
+             \x20       # What is cached is served while the source fails, hangs or is being asked again.\n\
+             \x20       proxy_cache_use_stale error timeout invalid_header updating http_500 http_502 http_503 http_504;\n\
              \x20       proxy_cache_background_update on;\n\
+             \x20       proxy_cache_revalidate on;\n\
              \x20       # Each cache reports its own status, not the one of a cache behind it.\n\
              \x20       proxy_hide_header {header};\n\
              \x20       add_header {header} $upstream_cache_status always;\n",
-            valid = cache.valid,
+            zone = keys_zone_mib(&cache.size),
+            slice = cache.slice_size,
+            lock = timeouts::CACHE_LOCK,
             header = CACHE_STATUS_HEADER,
         );
     }
@@ -227,43 +375,130 @@ pub fn render(
          \x20           return 200 \"ok\\n\";\n\
          \x20       }}\n"
     );
-    for pool in pools
+    // Every route is a regex location, the default last (`^/`): nginx looks for a regex nested in
+    // a prefix location before the regexes beside it, so a lifetime rule nested in `location /`
+    // would take the paths of the routes written after it.
+    let routes = pools
         .iter()
         .filter(|p| upstreams[p[0]].path_condition.is_some())
-    {
-        let regex = upstreams[pool[0]]
-            .path_condition
-            .as_deref()
-            .unwrap_or_default();
-        let _ = write!(
-            c,
-            "\n        # {what}\n        location ~ \"{regex}\" {{\n{body}        }}\n",
-            what = what(upstreams, pool),
-            regex = quote(regex),
-            body = proxy(role, upstreams, pool),
-        );
-    }
-    match pools
+        .map(|p| {
+            (
+                upstreams[p[0]]
+                    .path_condition
+                    .as_deref()
+                    .unwrap_or_default(),
+                p,
+                "",
+            )
+        });
+    let default = pools
         .iter()
         .find(|p| upstreams[p[0]].path_condition.is_none())
-    {
-        Some(pool) => {
-            let _ = write!(
-                c,
-                "\n        # default {what}\n        location / {{\n{body}        }}\n",
-                what = what(upstreams, pool),
-                body = proxy(role, upstreams, pool),
-            );
+        .map(|p| ("^/", p, "default "));
+    for (regex, pool, what_kind) in routes.chain(default) {
+        let _ = write!(
+            c,
+            "\n        # {what_kind}{what}\n        location ~ \"{regex}\" {{\n{body}",
+            what = what(upstreams, pool),
+            regex = quote(regex),
+            body = proxy(role, upstreams, pool, &cache.valid, cache, "            "),
+        );
+        if role == Role::Cache {
+            for (rule, valid) in &cache.rules {
+                let _ = write!(
+                    c,
+                    "\n            # lifetime rule\n            location ~ \"{rule}\" {{\n{body}            }}\n",
+                    rule = quote(rule),
+                    body = proxy(role, upstreams, pool, valid, cache, "                "),
+                );
+            }
         }
-        None => {
-            let _ = write!(
-                c,
-                "\n        # no default source: paths no source matches are not found\n        location / {{\n            return 404;\n        }}\n"
-            );
-        }
+        c.push_str("        }\n");
+    }
+    if default.is_none() {
+        let _ = write!(
+            c,
+            "\n        # no default source: paths no source matches are not found\n        location / {{\n            return 404;\n        }}\n"
+        );
     }
     c.push_str("    }\n}\n");
     c
+}
+
+/// The X-Forwarded-* headers sent upstream: from a trusted peer (a tier in front of this one),
+/// its X-Forwarded-For with the peer appended and its X-Forwarded-Proto; from any other peer,
+/// the peer's address and this hop's scheme alone, so a client cannot forge them.
+fn write_forwarding(c: &mut String, trusted: &[String]) {
+    let _ = write!(
+        c,
+        "\n    # 1 when the peer is a trusted proxy.\n    geo $cdn_trusted_peer {{\n        default 0;\n"
+    );
+    for range in trusted {
+        let _ = writeln!(c, "        {range} 1;");
+    }
+    let _ = write!(
+        c,
+        "    }}\n\
+         \x20   map \"$cdn_trusted_peer$http_x_forwarded_for\" {FORWARDED_FOR} {{\n\
+         \x20       \"~^1(?<cdn_xff>.+)$\" \"$cdn_xff, $remote_addr\";\n\
+         \x20       default $remote_addr;\n\
+         \x20   }}\n\
+         \x20   map \"$cdn_trusted_peer$http_x_forwarded_proto\" {FORWARDED_PROTO} {{\n\
+         \x20       \"~^1(?<cdn_xfp>https?)$\" $cdn_xfp;\n\
+         \x20       default $scheme;\n\
+         \x20   }}\n"
+    );
+}
+
+/// `$cdn_key_args`: `?` and the query without the excluded parameters, or empty. Each map takes
+/// out the first occurrence of one parameter, with or without a value.
+fn write_key_args(c: &mut String, excluded: &[String]) {
+    let _ = writeln!(
+        c,
+        "    # The query that identifies an object{}.",
+        if excluded.is_empty() {
+            String::new()
+        } else {
+            format!(
+                ", without {}",
+                excluded
+                    .iter()
+                    .map(|p| comment(p))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        }
+    );
+    let _ = writeln!(
+        c,
+        "    map $args $cdn_args_0 {{\n        default \"&$args\";\n    }}"
+    );
+    for (i, name) in excluded.iter().enumerate() {
+        let escaped = regex_literal(name);
+        let n = i + 1;
+        let _ = writeln!(
+            c,
+            "    map $cdn_args_{i} $cdn_args_{n} {{\n        \"~^(?<cdn_before_{n}>.*?)&{escaped}(?:=[^&]*)?(?<cdn_after_{n}>&.*)?$\" \"$cdn_before_{n}$cdn_after_{n}\";\n        default $cdn_args_{i};\n    }}",
+            escaped = quote(&escaped),
+        );
+    }
+    let _ = writeln!(
+        c,
+        "    map $cdn_args_{last} {KEY_ARGS} {{\n        \"~^&(?<cdn_query>.+)$\" \"?$cdn_query\";\n        default \"\";\n    }}",
+        last = excluded.len()
+    );
+}
+
+/// `s` matched literally by a PCRE regex.
+fn regex_literal(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for ch in s.chars() {
+        if r"\.^$|?*+()[]{}".contains(ch) {
+            out.push('\\');
+        }
+        out.push(ch);
+    }
+    out
 }
 
 /// `source NAME`, or `pool A + B` for a pool of several sources.
@@ -275,8 +510,18 @@ fn what(upstreams: &[Upstream], pool: &[usize]) -> String {
     }
 }
 
-/// The body of the location of `pool` (its members are reached alike: checked by `resolve`).
-fn proxy(role: Role, upstreams: &[Upstream], pool: &[usize]) -> String {
+/// The directives of a location that proxies to `pool`, indented by `pad`, its successful
+/// answers fresh for `valid` (in a cache). Everything is written in each location: nginx drops a
+/// server's `proxy_set_header` lines in a location that sets one, and a nested location runs
+/// none of its parent's `rewrite`.
+fn proxy(
+    role: Role,
+    upstreams: &[Upstream],
+    pool: &[usize],
+    valid: &str,
+    cache: &CacheTuning,
+    pad: &str,
+) -> String {
     let i = pool[0];
     let up = &upstreams[i];
     let mut b = String::new();
@@ -285,51 +530,75 @@ fn proxy(role: Role, upstreams: &[Upstream], pool: &[usize]) -> String {
         .as_deref()
         .map(quote)
         .unwrap_or_else(|| "$host".to_string());
-    let _ = writeln!(b, "            proxy_set_header Host \"{host}\";");
+    let mut line = |text: &str| {
+        b.push_str(pad);
+        b.push_str(text);
+        b.push('\n');
+    };
+    line(&format!("proxy_set_header Host \"{host}\";"));
+    line("proxy_set_header Connection \"\";");
+    line(&format!(
+        "proxy_set_header X-Forwarded-For {FORWARDED_FOR};"
+    ));
+    line(&format!(
+        "proxy_set_header X-Forwarded-Proto {FORWARDED_PROTO};"
+    ));
+    if role == Role::Cache {
+        line("proxy_set_header Range $slice_range;");
+        line(&format!("proxy_cache_valid 200 206 301 302 {valid};"));
+        line(&format!(
+            "proxy_cache_valid 404 410 {};",
+            cache.not_found_valid
+        ));
+    }
     if !up.path_prefix.is_empty() {
         // A regex location cannot give proxy_pass a URI part: prefix the path by rewriting.
-        let _ = writeln!(
-            b,
-            "            rewrite ^(.*)$ \"{}$1\" break;",
+        line(&format!(
+            "rewrite ^(.*)$ \"{}$1\" break;",
             quote(&up.path_prefix)
-        );
+        ));
     }
     if up.scheme == "https" {
         let server_name = up.host_header.as_deref().map(quote).unwrap_or_default();
-        let _ = writeln!(b, "            proxy_ssl_server_name on;");
-        let _ = writeln!(b, "            proxy_ssl_name \"{server_name}\";");
+        line("proxy_ssl_server_name on;");
+        line(&format!("proxy_ssl_name \"{server_name}\";"));
     }
-    if pool.len() > 1 {
-        // Failover: a member that refuses, times out or answers 502/503/504 is skipped for this
-        // request (each member at most once, within bounded time) and counts a failure.
-        let _ = writeln!(
-            b,
-            "            proxy_next_upstream error timeout http_502 http_503 http_504;"
-        );
-        let _ = writeln!(b, "            proxy_next_upstream_tries {};", pool.len());
-        let _ = writeln!(
-            b,
-            "            proxy_next_upstream_timeout {POOL_NEXT_TIMEOUT};"
-        );
-        let _ = writeln!(
-            b,
-            "            proxy_connect_timeout {POOL_CONNECT_TIMEOUT};"
-        );
-        let _ = writeln!(b, "            proxy_read_timeout {POOL_READ_TIMEOUT};");
+    let pooled = pool.len() > 1;
+    let (connect, read, next) = if up.tier {
+        use timeouts::{TIER_CONNECT, TIER_NEXT, TIER_READ};
+        (TIER_CONNECT, TIER_READ, TIER_NEXT)
+    } else {
+        use timeouts::{ORIGIN_CONNECT, ORIGIN_NEXT, ORIGIN_READ};
+        (ORIGIN_CONNECT, ORIGIN_READ, ORIGIN_NEXT)
+    };
+    line(&format!("proxy_connect_timeout {connect}s;"));
+    line(&format!("proxy_read_timeout {read}s;"));
+    if up.tier || !pooled {
+        // A CdnCluster is failed over when it fails itself: an error it relays from its origin
+        // is an answer, passed on, and marks no member down.
+        line("proxy_next_upstream error timeout;");
+    } else {
+        // Redundant origins: one that answers 502/503/504 is skipped for this request too.
+        line("proxy_next_upstream error timeout http_502 http_503 http_504;");
+    }
+    if pooled {
+        // Each member at most once.
+        line(&format!("proxy_next_upstream_tries {};", pool.len()));
+    }
+    line(&format!("proxy_next_upstream_timeout {next}s;"));
+    if pooled {
         // Which member answered (after those that failed): for debugging the balance.
-        let _ = writeln!(
-            b,
-            "            add_header {UPSTREAM_HEADER} $upstream_addr always;"
-        );
+        line(&format!(
+            "add_header {UPSTREAM_HEADER} $upstream_addr always;"
+        ));
         if role == Role::Cache {
             // A location's add_header replaces the server's: repeat the cache status.
-            let _ = writeln!(
-                b,
-                "            add_header {CACHE_STATUS_HEADER} $upstream_cache_status always;"
-            );
+            line(&format!(
+                "add_header {CACHE_STATUS_HEADER} $upstream_cache_status always;"
+            ));
         }
     }
-    let _ = writeln!(b, "            proxy_pass {}://source_{i};", up.scheme);
+    line(&format!("proxy_pass {}://source_{i};", up.scheme));
     b
 }
 

@@ -1,7 +1,7 @@
 //! Dereference and validate a CdnCluster's sources: pure, given a lookup of CdnClusters in the
 //! same namespace (the controller's store).
 
-use super::nginx::{describe_pool, pools, Upstream};
+use super::nginx::{describe_pool, pools, size_bytes, Upstream};
 use crate::api::{CdnCluster, MAX_NAME_LEN};
 use kube::ResourceExt;
 use std::collections::HashSet;
@@ -33,6 +33,7 @@ where
     let name = cluster.name_any();
     let namespace = cluster.namespace().unwrap_or_default();
     check_name(&name).map_err(Problem::Invalid)?;
+    check_tuning(cluster).map_err(Problem::Invalid)?;
 
     let mut seen = HashSet::new();
     for source in &cluster.spec.sources {
@@ -83,6 +84,7 @@ where
             path_prefix: String::new(),
             revision: None,
             weight: source.weight().unsigned_abs(),
+            tier: source.origin.is_none(),
         };
         match &source.origin {
             None => match lookup(&source.name) {
@@ -164,6 +166,61 @@ fn check_pools(upstreams: &[Upstream]) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// The settings nginx would refuse, or that would not mean what they say, are refused with the
+/// reason (the CRD refuses most of them already; objects stored under an older CRD are not).
+fn check_tuning(cluster: &CdnCluster) -> Result<(), String> {
+    if let Some(cache) = cluster.spec.cache.as_deref() {
+        for (field, size) in [("size", &cache.size), ("sliceSize", &cache.slice_size)] {
+            if let Some(size) = size {
+                if size_bytes(size).is_none_or(|b| b == 0) {
+                    return Err(format!(
+                        "cache.{field} {size:?} is not a size such as 512m or 10g"
+                    ));
+                }
+            }
+        }
+        for rule in cache.rules.iter().flatten() {
+            check_regex(&rule.path_condition).map_err(|e| {
+                format!(
+                    "cache rule {:?}: not a valid regular expression: {e}",
+                    rule.path_condition
+                )
+            })?;
+        }
+    }
+    if let Some(http) = cluster.spec.http.as_deref() {
+        for proxy in http.trusted_proxies.iter().flatten() {
+            if !is_address_or_range(proxy) {
+                return Err(format!(
+                    "http.trustedProxies: {proxy:?} is not an IP address or a CIDR range"
+                ));
+            }
+        }
+        for parameter in http.excluded_query_parameters.iter().flatten() {
+            let allowed = |c: char| c.is_ascii_alphanumeric() || "_.~-".contains(c);
+            if parameter.is_empty() || !parameter.chars().all(allowed) {
+                return Err(format!(
+                    "http.excludedQueryParameters: {parameter:?} is not a parameter name (letters, digits, '_', '.', '~', '-')"
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `10.0.0.1`, `10.0.0.0/8`, `fc00::/7`: an address, or a range whose prefix fits its family.
+fn is_address_or_range(s: &str) -> bool {
+    let (address, prefix) = match s.split_once('/') {
+        Some((a, p)) => (a, Some(p)),
+        None => (s, None),
+    };
+    let Ok(address) = address.parse::<std::net::IpAddr>() else {
+        return false;
+    };
+    let bits = if address.is_ipv4() { 32 } else { 128 };
+    prefix.is_none_or(|p| p.parse::<u8>().is_ok_and(|p| p <= bits) && !p.starts_with('+'))
 }
 
 /// Names the children cannot carry are refused with the reason (the CRD refuses them too).

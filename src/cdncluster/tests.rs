@@ -1,12 +1,12 @@
 //! Pure tests of the build step: sources, children, nginx configuration and status.
 
-use super::build::{self, CONFIG_HASH_ANNOTATION, CONFIG_KEY};
+use super::build::{self, CONFIG_KEY, ENTRYPOINT, ENTRYPOINT_KEY};
 use super::nginx::{self, Paths, Upstream};
 use super::sources::{self, Problem};
 use super::status::{self, Observed};
 use crate::api::{
-    CacheSpec, CdnCluster, CdnClusterSpec, CdnClusterStatus, Origin, Role, ServiceOrigin, Source,
-    State,
+    CacheRule, CacheSpec, CdnCluster, CdnClusterSpec, CdnClusterStatus, HttpSpec, Origin, Role,
+    ServiceOrigin, Source, State,
 };
 use crate::restricted::RunAs;
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentStatus};
@@ -173,30 +173,31 @@ fn sources_sharing_a_condition_are_one_pool_balanced_by_consistent_hashing() {
     let conf = build::config(&all[0], &ups, &Paths::default());
     assert!(
         conf.contains(
-            "    upstream source_0 {\n        hash $request_uri consistent;\n        zone source_0 64k;\n\
+            "    upstream source_0 {\n        hash $host$uri$cdn_key_args consistent;\n        zone source_0 64k;\n\
              \x20       server cache-a.default.svc:80 weight=2 max_fails=2 fail_timeout=5s;\n\
              \x20       server cache-b.default.svc:80 weight=1 max_fails=2 fail_timeout=5s;\n\
              \x20       server cache-c.default.svc:80 weight=1 max_fails=2 fail_timeout=5s;\n\
-             \x20       keepalive 32;\n    }"
+             \x20       keepalive 32;\n        keepalive_timeout 60s;\n    }"
         ),
         "{conf}"
     );
     assert!(conf.contains("    # source cache-b (revision uid-cache-b)\n"));
     // A pool of one is written as a source always was: no hashing, no failover.
-    assert!(conf.contains("    upstream source_1 {\n        server live.default.svc:80;\n        keepalive 32;\n    }"));
+    assert!(conf.contains("    upstream source_1 {\n        server live.default.svc:80;\n        keepalive 32;\n        keepalive_timeout 60s;\n    }"));
     assert_eq!(conf.matches("upstream source_").count(), 2);
     assert!(!conf.contains("source_2") && !conf.contains("source_3"));
     let default = conf
-        .find("        # default pool cache-a + cache-b + cache-c\n        location / {")
+        .find("        # default pool cache-a + cache-b + cache-c\n        location ~ \"^/\" {")
         .unwrap();
     assert!(conf.find("location ~ \"^/live/\"").unwrap() < default);
     let location = &conf[default..];
     for line in [
-        "proxy_next_upstream error timeout http_502 http_503 http_504;",
+        // Failover on the member's own failures only: not on what it relays from its origin.
+        "proxy_next_upstream error timeout;",
         "proxy_next_upstream_tries 3;",
-        "proxy_next_upstream_timeout 15s;",
-        "proxy_connect_timeout 3s;",
-        "proxy_read_timeout 10s;",
+        "proxy_next_upstream_timeout 30s;",
+        "proxy_connect_timeout 2s;",
+        "proxy_read_timeout 25s;",
         "add_header X-Cdn-Upstream $upstream_addr always;",
         "proxy_pass http://source_0;",
     ] {
@@ -205,7 +206,7 @@ fn sources_sharing_a_condition_are_one_pool_balanced_by_consistent_hashing() {
     // A balancer passes the cache's X-Cache-Status on; it adds none.
     assert!(!location.contains("add_header X-Cache-Status"));
     assert_eq!(
-        conf.matches("proxy_next_upstream ").count(),
+        conf.matches("proxy_next_upstream_tries").count(),
         1,
         "not for a pool of one"
     );
@@ -227,6 +228,10 @@ fn sources_sharing_a_condition_are_one_pool_balanced_by_consistent_hashing() {
         .unwrap()..];
     assert!(location.contains("add_header X-Cache-Status $upstream_cache_status always;"));
     assert!(location.contains("proxy_set_header Host \"o.example.com\";"));
+    // Redundant origins are failed over on their 502/503/504 too, within the origins' bound.
+    assert!(location.contains("proxy_next_upstream error timeout http_502 http_503 http_504;"));
+    assert!(location.contains("proxy_connect_timeout 3s;\n"));
+    assert!(location.contains("proxy_next_upstream_timeout 4s;\n"));
 }
 
 #[test]
@@ -458,26 +463,44 @@ fn pods_meet_the_restricted_pod_security_standard() {
 }
 
 #[test]
-fn a_config_change_changes_the_pod_template() {
+fn a_config_change_is_applied_in_place_without_a_rollout() {
     let all = seed();
-    let hash = |c: &CdnCluster| {
+    let children = |c: &CdnCluster| {
         let ups = sources::resolve(c, world(&all)).unwrap();
         build::children(c, &ups, &RunAs::default())
-            .deployment
-            .spec
-            .unwrap()
-            .template
-            .metadata
-            .unwrap()
-            .annotations
-            .unwrap()[CONFIG_HASH_ANNOTATION]
-            .clone()
     };
-    let before = hash(&all[0]);
-    assert_eq!(before, hash(&all[0]), "stable for the same spec");
+    let before = children(&all[0]);
     let mut changed = all[0].clone();
     changed.spec.sources[1].path_condition = Some("^/vod2/".into());
-    assert_ne!(before, hash(&changed));
+    let after = children(&changed);
+    let config = |c: &build::Children| c.config_map.data.as_ref().unwrap()[CONFIG_KEY].clone();
+    assert_ne!(config(&before), config(&after));
+    // The pod template is the same: no pod restarts, no cache is emptied; the entrypoint
+    // reloads nginx when the mounted configuration changes.
+    assert_eq!(
+        before.deployment.spec.as_ref().unwrap().template,
+        after.deployment.spec.as_ref().unwrap().template
+    );
+    let data = after.config_map.data.unwrap();
+    assert_eq!(data[ENTRYPOINT_KEY], ENTRYPOINT);
+    let container = &before
+        .deployment
+        .spec
+        .unwrap()
+        .template
+        .spec
+        .unwrap()
+        .containers[0];
+    assert_eq!(
+        container.command.as_deref(),
+        Some(
+            &[
+                "/bin/sh".to_string(),
+                format!("{}/{ENTRYPOINT_KEY}", build::CONFIG_DIR)
+            ][..]
+        )
+    );
+    assert!(ENTRYPOINT.contains(&format!("\nconf={}/{CONFIG_KEY}\n", build::CONFIG_DIR)));
 }
 
 #[test]
@@ -491,6 +514,7 @@ fn nginx_routes_in_order_with_default_or_404() {
         path_prefix: String::new(),
         revision: None,
         weight: 1,
+        tier: true,
     };
     let c = cluster("b", Role::Balancer, vec![]);
     let conf = build::config(
@@ -510,7 +534,15 @@ fn nginx_routes_in_order_with_default_or_404() {
         &[up("live", Some("^/live/")), up("vod", None)],
         &Paths::default(),
     );
-    assert!(conf.contains("location / {\n            proxy_set_header Host \"$host\";\n            proxy_pass http://source_1;"));
+    let default = &conf[conf.find("location ~ \"^/\" {").unwrap()..];
+    assert!(
+        default.starts_with("location ~ \"^/\" {\n            proxy_set_header Host \"$host\";\n")
+    );
+    assert!(default.contains("            proxy_pass http://source_1;\n        }\n"));
+    assert!(
+        conf.find("location ~ \"^/live/\"").unwrap() < conf.find("location ~ \"^/\" {").unwrap(),
+        "the default is the last route"
+    );
     assert!(!conf.contains("return 404"));
 }
 
@@ -521,6 +553,7 @@ fn nginx_quotes_regexes_and_caches_as_tuned() {
         size: Some("5g".into()),
         inactive: Some("2h".into()),
         valid: Some("30s".into()),
+        ..CacheSpec::default()
     }));
     let tricky = Upstream {
         name: "o".into(),
@@ -531,12 +564,316 @@ fn nginx_quotes_regexes_and_caches_as_tuned() {
         path_prefix: String::new(),
         revision: None,
         weight: 1,
+        tier: false,
     };
     let conf = build::config(&c, &[tricky], &Paths::default());
     assert!(conf.contains(r#"location ~ "^/a\"b\\d+$" {"#), "{conf}");
     assert!(conf.contains("max_size=5g inactive=2h"));
     assert!(conf.contains("proxy_cache_valid 200 206 301 302 30s;"));
     assert!(conf.contains("add_header X-Cache-Status $upstream_cache_status always;"));
+}
+
+/// The configuration of `c`, its sources looked up among `all`.
+fn conf_of(c: &CdnCluster, all: &[CdnCluster]) -> String {
+    let ups = sources::resolve(c, world(all)).unwrap();
+    build::config(c, &ups, &Paths::default())
+}
+
+#[test]
+fn every_location_sends_every_proxy_header() {
+    // nginx drops the server's proxy_set_header lines in a location that sets one: each location
+    // that proxies sets them all, or keepalive and X-Forwarded-* are lost.
+    let all = pool_world();
+    let mut cache = cluster(
+        "c",
+        Role::Cache,
+        vec![
+            Source::url("o", "https://o.example.com/media", Some("^/m/")),
+            Source::service("s", "store", 80, None),
+        ],
+    );
+    cache.spec.cache = Some(Box::new(CacheSpec::default()));
+    for conf in [conf_of(&all[0], &all), conf_of(&cache, &[])] {
+        let passes = conf.matches("proxy_pass ").count();
+        assert!(passes >= 2, "{conf}");
+        for header in [
+            "proxy_set_header Host ",
+            "proxy_set_header Connection \"\";",
+            "proxy_set_header X-Forwarded-For $cdn_forwarded_for;",
+            "proxy_set_header X-Forwarded-Proto $cdn_forwarded_proto;",
+        ] {
+            assert_eq!(conf.matches(header).count(), passes, "{header} in\n{conf}");
+        }
+        assert!(conf.contains("proxy_http_version 1.1;"));
+        assert_eq!(
+            conf.matches("keepalive 32;").count(),
+            conf.matches("upstream source_").count()
+        );
+    }
+}
+
+#[test]
+fn the_cache_key_holds_the_host_and_not_the_order_of_the_sources() {
+    let c = cluster(
+        "c",
+        Role::Cache,
+        vec![
+            Source::url("a", "http://a.example.com", Some("^/a/")),
+            Source::url("b", "http://b.example.com", None),
+        ],
+    );
+    let conf = conf_of(&c, &[]);
+    let key = "proxy_cache_key $request_method$host$uri$cdn_key_args$slice_range;";
+    assert!(conf.contains(key), "{conf}");
+    assert!(!conf.contains("$proxy_host"));
+    let mut reordered = c.clone();
+    reordered.spec.sources.reverse();
+    assert!(conf_of(&reordered, &[]).contains(key));
+    // Ranges are cached by slice; a HEAD is passed on as a HEAD.
+    assert!(conf.contains("slice 1m;"));
+    assert_eq!(
+        conf.matches("proxy_set_header Range $slice_range;").count(),
+        conf.matches("proxy_pass ").count()
+    );
+    assert!(conf.contains("proxy_cache_convert_head off;"));
+}
+
+#[test]
+fn excluded_query_parameters_leave_the_key_and_the_hash() {
+    let mut c = cluster("c", Role::Cache, vec![]);
+    c.spec.http = Some(Box::new(HttpSpec {
+        excluded_query_parameters: Some(vec!["token".into(), "hdnts.v2".into()]),
+        ..HttpSpec::default()
+    }));
+    let conf = conf_of(&c, &[]);
+    assert!(conf.contains(
+        "    map $cdn_args_0 $cdn_args_1 {\n        \"~^(?<cdn_before_1>.*?)&token(?:=[^&]*)?(?<cdn_after_1>&.*)?$\" \"$cdn_before_1$cdn_after_1\";\n        default $cdn_args_0;\n    }"
+    ), "{conf}");
+    assert!(
+        conf.contains("&hdnts\\\\.v2(?:=[^&]*)?"),
+        "escaped, then quoted:\n{conf}"
+    );
+    assert!(conf.contains("    map $cdn_args_2 $cdn_key_args {"));
+    // A balancer hashes its pools by the same key.
+    let all = pool_world();
+    let mut b = all[0].clone();
+    b.spec.http = c.spec.http.clone();
+    let conf = conf_of(&b, &all);
+    assert!(conf.contains("hash $host$uri$cdn_key_args consistent;"));
+    assert!(conf.contains("map $cdn_args_1 $cdn_args_2 {"));
+
+    let mut bad = c.clone();
+    bad.spec.http = Some(Box::new(HttpSpec {
+        excluded_query_parameters: Some(vec!["to ken".into()]),
+        ..HttpSpec::default()
+    }));
+    match sources::resolve(&bad, world(&[])) {
+        Err(Problem::Invalid(m)) => {
+            assert!(m.contains("\"to ken\" is not a parameter name"), "{m}")
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn only_trusted_proxies_forward_a_client_address() {
+    let geo = |conf: &str| {
+        let start = conf.find("geo $cdn_trusted_peer {").unwrap();
+        conf[start..start + conf[start..].find('}').unwrap()].to_string()
+    };
+    // The balancer is the edge: it trusts no one by default; a cache trusts the private ranges.
+    let all = seed();
+    assert_eq!(
+        geo(&conf_of(&all[0], &all)),
+        "geo $cdn_trusted_peer {\n        default 0;\n    "
+    );
+    let cache = geo(&conf_of(&all[1], &all));
+    for range in nginx::PRIVATE_RANGES {
+        assert!(cache.contains(&format!("        {range} 1;\n")), "{cache}");
+    }
+    let mut edge_cache = all[1].clone();
+    edge_cache.spec.http = Some(Box::new(HttpSpec {
+        trusted_proxies: Some(vec!["203.0.113.0/24".into(), "2001:db8::1".into()]),
+        ..HttpSpec::default()
+    }));
+    let trusted = geo(&conf_of(&edge_cache, &all));
+    assert!(trusted.contains("        203.0.113.0/24 1;\n        2001:db8::1 1;\n"));
+    assert!(!trusted.contains("10.0.0.0/8"));
+
+    for bad in [
+        "10.0.0.0/33",
+        "10.0.0/8",
+        "fc00::/129",
+        "example.com",
+        "10.0.0.0/+8",
+    ] {
+        let mut c = all[1].clone();
+        c.spec.http = Some(Box::new(HttpSpec {
+            trusted_proxies: Some(vec![bad.into()]),
+            ..HttpSpec::default()
+        }));
+        match sources::resolve(&c, world(&all)) {
+            Err(Problem::Invalid(m)) => {
+                assert!(m.contains("is not an IP address or a CIDR range"), "{m}")
+            }
+            other => panic!("{bad}: {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn lifetime_rules_are_nested_in_every_route_of_a_cache() {
+    let all = seed();
+    let routed = cluster(
+        "c",
+        Role::Cache,
+        vec![
+            Source::url("live", "http://live.example.com/x", Some("^/live/")),
+            Source::url("rest", "http://rest.example.com", None),
+        ],
+    );
+    // Without rules: HLS and DASH manifests 2s, segments 1d, in each route, after its own lifetime.
+    let conf = conf_of(&routed, &all);
+    assert_eq!(
+        conf.matches("location ~ \"\\\\.(m3u8|mpd)$\" {").count(),
+        2,
+        "{conf}"
+    );
+    assert_eq!(
+        conf.matches("proxy_cache_valid 200 206 301 302 2s;")
+            .count(),
+        2
+    );
+    assert_eq!(
+        conf.matches("proxy_cache_valid 200 206 301 302 1d;")
+            .count(),
+        2
+    );
+    assert_eq!(
+        conf.matches("proxy_cache_valid 200 206 301 302 10m;")
+            .count(),
+        2
+    );
+    assert_eq!(conf.matches("proxy_cache_valid 404 410 1s;").count(), 6);
+    // A nested location runs none of its parent's rewrites: each repeats the origin's prefix.
+    assert_eq!(conf.matches("rewrite ^(.*)$ \"/x$1\" break;").count(), 3);
+    let live = conf.find("location ~ \"^/live/\"").unwrap();
+    let default = conf.find("location ~ \"^/\" {").unwrap();
+    let manifests = conf[live..].find("(m3u8|mpd)").unwrap() + live;
+    assert!(manifests < default, "nested in the live route");
+
+    // Rules set replace the defaults; `rules: []` leaves every path to `valid`.
+    let mut tuned = routed.clone();
+    tuned.spec.cache = Some(Box::new(CacheSpec {
+        rules: Some(vec![CacheRule {
+            path_condition: "\\.m3u8$".into(),
+            valid: "1s".into(),
+        }]),
+        not_found_valid: Some("3s".into()),
+        ..CacheSpec::default()
+    }));
+    let conf = conf_of(&tuned, &all);
+    assert_eq!(conf.matches("location ~ \"\\\\.m3u8$\" {").count(), 2);
+    assert!(!conf.contains("mpd"));
+    assert_eq!(conf.matches("proxy_cache_valid 404 410 3s;").count(), 4);
+    let mut none = routed.clone();
+    none.spec.cache = Some(Box::new(CacheSpec {
+        rules: Some(vec![]),
+        ..CacheSpec::default()
+    }));
+    assert!(!conf_of(&none, &all).contains("lifetime rule"));
+    // A balancer caches nothing: no rule, no lifetime.
+    assert!(!conf_of(&all[0], &all).contains("proxy_cache_valid"));
+
+    let mut bad = routed.clone();
+    bad.spec.cache = Some(Box::new(CacheSpec {
+        rules: Some(vec![CacheRule {
+            path_condition: "^/(live".into(),
+            valid: "1s".into(),
+        }]),
+        ..CacheSpec::default()
+    }));
+    match sources::resolve(&bad, world(&all)) {
+        Err(Problem::Invalid(m)) => {
+            assert!(
+                m.starts_with("cache rule \"^/(live\": not a valid regular expression"),
+                "{m}"
+            )
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn the_cache_is_sized_from_cache_size() {
+    assert_eq!(nginx::size_bytes("1g"), Some(1 << 30));
+    assert_eq!(nginx::size_bytes("512M"), Some(512 << 20));
+    assert_eq!(nginx::size_bytes("64k"), Some(64 << 10));
+    assert_eq!(nginx::size_bytes("1000"), Some(1000));
+    assert_eq!(nginx::size_bytes("1t"), None);
+    assert_eq!(nginx::size_bytes(""), None);
+    // 8,000 keys a MiB, objects of 128 KiB on average, 16 MiB at least.
+    assert_eq!(nginx::keys_zone_mib("1g"), 16);
+    assert_eq!(nginx::keys_zone_mib("100g"), 103);
+    // A quarter above nginx's max_size, which nginx passes for a while.
+    assert_eq!(build::cache_volume_mib("1g"), 1280);
+    assert_eq!(build::cache_volume_mib("10m"), 16);
+
+    let mut c = cluster("c", Role::Cache, vec![]);
+    c.spec.cache = Some(Box::new(CacheSpec {
+        size: Some("100g".into()),
+        ..CacheSpec::default()
+    }));
+    let conf = conf_of(&c, &[]);
+    assert!(
+        conf.contains("keys_zone=cdn_103m:103m max_size=100g"),
+        "{conf}"
+    );
+    assert!(conf.contains("proxy_cache cdn_103m;"));
+    let pod = build::children(&c, &[], &RunAs::default())
+        .deployment
+        .spec
+        .unwrap()
+        .template
+        .spec
+        .unwrap();
+    let volume = pod
+        .volumes
+        .unwrap()
+        .into_iter()
+        .find(|v| v.name == "cache")
+        .unwrap();
+    let limit = volume.empty_dir.unwrap().size_limit.unwrap();
+    assert_eq!(limit.0, "128000Mi");
+    let requests = pod.containers[0]
+        .resources
+        .clone()
+        .unwrap()
+        .requests
+        .unwrap();
+    assert_eq!(requests["ephemeral-storage"].0, "128000Mi");
+    assert_eq!(requests["cpu"].0, "50m", "the defaults beside it");
+    // A balancer has no cache, so no storage request.
+    let b = build::children(&seed()[0], &[], &RunAs::default()).deployment;
+    let requests = b.spec.unwrap().template.spec.unwrap().containers[0]
+        .resources
+        .clone()
+        .unwrap()
+        .requests
+        .unwrap();
+    assert!(!requests.contains_key("ephemeral-storage"));
+
+    let mut bad = c.clone();
+    bad.spec.cache = Some(Box::new(CacheSpec {
+        slice_size: Some("0".into()),
+        ..CacheSpec::default()
+    }));
+    match sources::resolve(&bad, world(&[])) {
+        Err(Problem::Invalid(m)) => {
+            assert_eq!(m, "cache.sliceSize \"0\" is not a size such as 512m or 10g")
+        }
+        other => panic!("{other:?}"),
+    }
 }
 
 #[test]
