@@ -354,9 +354,10 @@ pub fn render(
              \x20       proxy_cache_lock on;\n\
              \x20       proxy_cache_lock_timeout {lock}s;\n\
              \x20       proxy_cache_lock_age {lock}s;\n\
-             \x20       # What is cached is served while the source fails, hangs or is being asked again.\n\
+             \x20       # What is cached is served while the source fails, hangs or is being asked again by\n\
+             \x20       # another request. No background update: its request carries no slice range, the\n\
+             \x20       # slice module refuses the whole answer, and the object stays stale for good.\n\
              \x20       proxy_cache_use_stale error timeout invalid_header updating http_500 http_502 http_503 http_504;\n\
-             \x20       proxy_cache_background_update on;\n\
              \x20       proxy_cache_revalidate on;\n\
              \x20       # Each cache reports its own status, not the one of a cache behind it.\n\
              \x20       proxy_hide_header {header};\n\

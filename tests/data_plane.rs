@@ -1,0 +1,639 @@
+//! The data plane, on real nginx 1.30 (the minor version of the pods' image): what a streaming CDN
+//! needs of the generated configurations, each behaviour on balancer `edge` → pool `cache-a` +
+//! `cache-b` → a Service origin that counts the connections, requests and bytes it serves.
+//!
+//! The configurations are the operator's, with only the listen address and the file paths moved
+//! (`Paths`); an /etc/hosts of the sandbox maps the Service names to loopback addresses. Each test
+//! has a /24 of loopback of its own, so the tests run side by side.
+
+use cdn_operator::api::{CacheRule, CacheSpec, CdnCluster, CdnClusterSpec, HttpSpec, Role, Source};
+use cdn_operator::cdncluster::build::{self, CONFIG_KEY, ENTRYPOINT, ENTRYPOINT_KEY};
+use cdn_operator::cdncluster::nginx::{Paths, CACHE_STATUS_HEADER, UPSTREAM_HEADER};
+use cdn_operator::cdncluster::sources;
+use cdn_operator_testkit::{request, Nginx, Response, Sandbox};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const HOST: (&str, &str) = ("Host", "cdn.example");
+
+/// The topology: `edge` balances a pool of two caches, each fetching from the Service origin
+/// `origin`; `tune` adjusts each CdnCluster.
+fn topology(tune: impl Fn(&mut CdnCluster)) -> Vec<CdnCluster> {
+    let cluster = |name: &str, role, sources| {
+        let mut c = CdnCluster::new(name, CdnClusterSpec::new(role, sources));
+        c.metadata.namespace = Some("default".into());
+        c.metadata.uid = Some(format!("{name}-uid"));
+        tune(&mut c);
+        c
+    };
+    let origin = || vec![Source::service("origin", "origin", 80, None)];
+    vec![
+        cluster(
+            "edge",
+            Role::Balancer,
+            vec![
+                Source::cluster("cache-a", None),
+                Source::cluster("cache-b", None),
+            ],
+        ),
+        cluster("cache-a", Role::Cache, origin()),
+        cluster("cache-b", Role::Cache, origin()),
+    ]
+}
+
+/// The hosts of a world on 127.0.`net`.0/24.
+fn address(net: u8, name: &str) -> String {
+    let host = match name {
+        "origin" => 10,
+        "cache-a" => 11,
+        "cache-b" => 12,
+        "edge" => 20,
+        other => panic!("no address for {other}"),
+    };
+    format!("127.0.{net}.{host}:80")
+}
+
+/// The configuration of `c` as the controller builds it, its sources looked up among `all`.
+fn config(c: &CdnCluster, all: &[CdnCluster], paths: &Paths) -> String {
+    let upstreams = sources::resolve(c, |name| {
+        all.iter()
+            .find(|x| x.metadata.name.as_deref() == Some(name))
+            .map(|x| Arc::new(x.clone()))
+    })
+    .unwrap_or_else(|problem| panic!("{problem:?}"));
+    build::config(c, &upstreams, paths)
+}
+
+/// The origin: files under `www` (a folder per Host under `www/sites`), 503 under /err/,
+/// `Cache-Control: no-cache` under /nocache/, the forwarded headers echoed under /echo/; its
+/// access log counts requests and body bytes, its stub_status (on port 81) connections.
+fn origin_config(dir: &Path, net: u8) -> String {
+    let d = dir.display();
+    let listen = address(net, "origin");
+    let status = listen.replace(":80", ":81");
+    format!(
+        "pid {d}/origin.pid;\nevents {{}}\nhttp {{\n\
+         \x20 log_format count '$request_method $uri $status $body_bytes_sent';\n\
+         \x20 access_log {d}/origin.access count;\n\
+         \x20 client_body_temp_path {d}/tmp; proxy_temp_path {d}/tmp; fastcgi_temp_path {d}/tmp;\n\
+         \x20 uwsgi_temp_path {d}/tmp; scgi_temp_path {d}/tmp;\n\
+         \x20 server {{\n\
+         \x20   listen {listen};\n\
+         \x20   root {d}/www;\n\
+         \x20   location /sites/ {{ root {d}/www/sites/$host; rewrite ^/sites(/.*)$ $1 break; }}\n\
+         \x20   location /err/ {{ return 503; }}\n\
+         \x20   location /nocache/ {{ add_header Cache-Control no-cache; }}\n\
+         \x20   location /echo/ {{ return 200 \"$http_x_forwarded_for|$http_x_forwarded_proto\"; }}\n\
+         \x20 }}\n\
+         \x20 server {{ listen {status}; access_log off; location / {{ stub_status; }} }}\n\
+         }}\n"
+    )
+}
+
+/// One origin request, from its access log.
+#[derive(Debug)]
+struct Served {
+    method: String,
+    uri: String,
+    status: u16,
+    bytes: u64,
+}
+
+/// A topology running: the origin, then each CdnCluster's nginx.
+struct World {
+    dir: tempfile::TempDir,
+    net: u8,
+    sandbox: Sandbox,
+    clusters: Vec<CdnCluster>,
+    origin: Option<Nginx>,
+    running: Vec<(String, Nginx)>,
+}
+
+impl World {
+    fn start(net: u8, clusters: Vec<CdnCluster>) -> World {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        std::fs::create_dir_all(d.join("www/sites")).unwrap();
+        std::fs::create_dir_all(d.join("tmp")).unwrap();
+        let mut hosts = String::from("127.0.0.1 localhost\n");
+        for name in ["origin", "cache-a", "cache-b", "edge"] {
+            let ip = address(net, name).replace(":80", "");
+            hosts.push_str(&format!("{ip} {name}.default.svc\n"));
+        }
+        std::fs::write(d.join("hosts"), hosts).unwrap();
+        let sandbox = Sandbox::new().share(d).hosts(d.join("hosts"));
+        let origin = Nginx::start(
+            &sandbox,
+            "origin",
+            &origin_config(d, net),
+            d,
+            &address(net, "origin"),
+        );
+        let mut world = World {
+            dir,
+            net,
+            sandbox,
+            clusters,
+            origin: Some(origin),
+            running: Vec::new(),
+        };
+        for name in ["cache-a", "cache-b", "edge"] {
+            world.run(name);
+        }
+        world
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn cluster(&self, name: &str) -> &CdnCluster {
+        self.clusters
+            .iter()
+            .find(|c| c.metadata.name.as_deref() == Some(name))
+            .unwrap()
+    }
+
+    /// Starts `name`'s nginx with its own temp and cache folders.
+    fn run(&mut self, name: &str) {
+        let own = self.path().join(name);
+        std::fs::create_dir_all(&own).unwrap();
+        let paths = Paths {
+            listen: address(self.net, name),
+            temp_dir: own.to_str().unwrap().into(),
+            cache_dir: own.to_str().unwrap().into(),
+        };
+        let conf = config(self.cluster(name), &self.clusters, &paths);
+        let nginx = Nginx::start(&self.sandbox, name, &conf, self.path(), &paths.listen);
+        self.running.push((name.into(), nginx));
+    }
+
+    /// Writes the object `path` (from the origin's root) with `body`.
+    fn put(&self, path: &str, body: &[u8]) {
+        let file = self.path().join("www").join(path.trim_start_matches('/'));
+        std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+        // Replaced, not rewritten in place: nginx may be sending the old one.
+        let tmp = file.with_extension("new");
+        std::fs::write(&tmp, body).unwrap();
+        std::fs::rename(tmp, file).unwrap();
+    }
+
+    fn get(&self, path: &str, headers: &[(&str, &str)]) -> Response {
+        self.ask("edge", "GET", path, headers)
+    }
+
+    fn ask(&self, to: &str, method: &str, path: &str, headers: &[(&str, &str)]) -> Response {
+        let mut all = vec![HOST];
+        all.extend(headers.iter().filter(|(n, _)| *n != "Host"));
+        if let Some(host) = headers.iter().find(|(n, _)| *n == "Host") {
+            all[0] = *host;
+        }
+        request(&address(self.net, to), method, path, &all, b"")
+            .unwrap_or_else(|e| panic!("{method} {path} to {to}: {e}"))
+    }
+
+    /// What the origin served so far.
+    fn served(&self) -> Vec<Served> {
+        std::fs::read_to_string(self.path().join("origin.access"))
+            .unwrap_or_default()
+            .lines()
+            .map(|line| {
+                let f: Vec<&str> = line.split(' ').collect();
+                Served {
+                    method: f[0].into(),
+                    uri: f[1].into(),
+                    status: f[2].parse().unwrap(),
+                    bytes: f[3].parse().unwrap(),
+                }
+            })
+            .collect()
+    }
+
+    fn served_for(&self, uri: &str) -> Vec<Served> {
+        self.served().into_iter().filter(|s| s.uri == uri).collect()
+    }
+
+    /// The TCP connections the origin accepted so far, this count's own excluded.
+    fn origin_connections(&self) -> u64 {
+        let status = address(self.net, "origin").replace(":80", ":81");
+        let text = request(&status, "GET", "/", &[], b"").unwrap().body;
+        // "Active connections: 1\nserver accepts handled requests\n 12 12 40\n..."
+        let counts = text.lines().nth(2).unwrap();
+        counts
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .parse::<u64>()
+            .unwrap()
+            - 1
+    }
+}
+
+/// `n` requests at once, each on its own thread and connection.
+fn at_once(world: &World, n: usize, path: &str) -> Vec<(Response, Duration)> {
+    std::thread::scope(|s| {
+        let threads: Vec<_> = (0..n)
+            .map(|_| {
+                s.spawn(|| {
+                    let started = Instant::now();
+                    (world.get(path, &[]), started.elapsed())
+                })
+            })
+            .collect();
+        threads.into_iter().map(|t| t.join().unwrap()).collect()
+    })
+}
+
+#[test]
+fn connections_to_every_tier_are_reused() {
+    let world = World::start(1, topology(|_| {}));
+    for i in 0..60 {
+        world.put(&format!("/obj/{i}"), format!("object {i}").as_bytes());
+    }
+    let before = world.origin_connections();
+    for i in 0..60 {
+        let r = world.get(&format!("/obj/{i}"), &[]);
+        assert_eq!(
+            (r.status, r.body.as_str()),
+            (200, format!("object {i}").as_str())
+        );
+        assert_eq!(r.header(CACHE_STATUS_HEADER), Some("MISS"));
+    }
+    let connections = world.origin_connections() - before;
+    assert_eq!(world.served().len(), 60);
+    // Each cache keeps its connections to the origin open: a handful, not one per miss. (Each
+    // client request here comes on a connection of its own, so the caches' workers take turns.)
+    assert!(
+        connections <= 8,
+        "{connections} origin connections for 60 sequential misses"
+    );
+}
+
+#[test]
+fn forwarded_headers_are_trusted_only_from_trusted_proxies() {
+    // On loopback every peer is 127.0.0.1, the balancer too: cache-a trusts it, as a cache
+    // trusts the private ranges of a cluster; cache-b trusts no one.
+    let world = World::start(
+        2,
+        topology(|c| {
+            let trusted = match c.metadata.name.as_deref() {
+                Some("cache-a") => vec!["127.0.0.1".to_string()],
+                _ => vec![],
+            };
+            if c.spec.role == Role::Cache {
+                c.spec.http = Some(Box::new(HttpSpec {
+                    trusted_proxies: Some(trusted),
+                    ..HttpSpec::default()
+                }));
+            }
+        }),
+    );
+    let forged = [
+        ("X-Forwarded-For", "6.6.6.6"),
+        ("X-Forwarded-Proto", "https"),
+    ];
+    // From a trusted proxy, the client it names is kept and the proxy appended.
+    let r = world.ask("cache-a", "GET", "/echo/a", &forged);
+    assert_eq!(r.body, "6.6.6.6, 127.0.0.1|https");
+    // From anyone else, replaced: the peer and this hop's scheme.
+    let r = world.ask("cache-b", "GET", "/echo/b", &forged);
+    assert_eq!(r.body, "127.0.0.1|http");
+    // Through the edge, which trusts no one: the client forges nothing; a cache that trusts the
+    // balancer appends it.
+    for i in 0..10 {
+        let r = world.get(&format!("/echo/edge-{i}"), &forged);
+        let via_a = r.header(UPSTREAM_HEADER) == Some("127.0.2.11:80");
+        let expected = if via_a {
+            "127.0.0.1, 127.0.0.1|http"
+        } else {
+            "127.0.0.1|http"
+        };
+        assert_eq!(r.body, expected, "via {:?}", r.header(UPSTREAM_HEADER));
+    }
+}
+
+#[test]
+fn the_cache_key_holds_the_host_and_leaves_out_excluded_parameters() {
+    let world = World::start(
+        3,
+        topology(|c| {
+            c.spec.http = Some(Box::new(HttpSpec {
+                excluded_query_parameters: Some(vec!["token".into(), "expires".into()]),
+                ..HttpSpec::default()
+            }));
+        }),
+    );
+    for site in ["customer-a", "customer-b"] {
+        world.put(&format!("/sites/{site}/live/seg.ts"), site.as_bytes());
+    }
+    let a = world.get("/sites/live/seg.ts", &[("Host", "customer-a")]);
+    assert_eq!((a.status, a.body.as_str()), (200, "customer-a"));
+    let b = world.get("/sites/live/seg.ts", &[("Host", "customer-b")]);
+    assert_eq!(
+        (b.status, b.body.as_str()),
+        (200, "customer-b"),
+        "no cross-host hit"
+    );
+    assert_eq!(b.header(CACHE_STATUS_HEADER), Some("MISS"));
+
+    // Signed URLs: one object whatever its token, on one cache; other parameters still count.
+    world.put("/vod/movie.mp4", b"movie");
+    let first = world.get("/vod/movie.mp4?token=abc&expires=1&q=1", &[]);
+    assert_eq!(first.header(CACHE_STATUS_HEADER), Some("MISS"));
+    for query in [
+        "token=xyz&expires=2&q=1",
+        "q=1&token=other",
+        "expires=9&q=1",
+    ] {
+        let r = world.get(&format!("/vod/movie.mp4?{query}"), &[]);
+        assert_eq!(r.header(CACHE_STATUS_HEADER), Some("HIT"), "{query}");
+        assert_eq!(
+            r.header(UPSTREAM_HEADER),
+            first.header(UPSTREAM_HEADER),
+            "{query}: the same cache"
+        );
+    }
+    let other = world.get("/vod/movie.mp4?token=abc&q=2", &[]);
+    assert_eq!(other.header(CACHE_STATUS_HEADER), Some("MISS"));
+    assert_eq!(world.served_for("/vod/movie.mp4").len(), 2);
+}
+
+#[test]
+fn origin_errors_stay_at_the_origin() {
+    let mut world = World::start(4, topology(|_| {}));
+    let segments: Vec<String> = (0..20).map(|i| format!("/live/{i}.ts")).collect();
+    for s in &segments {
+        world.put(s, s.as_bytes());
+        assert_eq!(world.get(s, &[]).status, 200);
+    }
+    // Errors the caches relay from the origin are answers: passed on once, no other cache
+    // asked, no cache marked down.
+    for i in 0..3 {
+        let r = world.get(&format!("/err/{i}"), &[]);
+        assert_eq!(r.status, 503);
+        assert_eq!(
+            r.header(UPSTREAM_HEADER).map(|a| a.contains(',')),
+            Some(false),
+            "one cache asked: {:?}",
+            r.header(UPSTREAM_HEADER)
+        );
+    }
+    assert_eq!(world.served().iter().filter(|s| s.status == 503).count(), 3);
+    for s in &segments {
+        let r = world.get(s, &[]);
+        assert_eq!((r.status, r.body.as_str()), (200, s.as_str()), "after 503s");
+        assert_eq!(r.header(CACHE_STATUS_HEADER), Some("HIT"));
+    }
+
+    // The origin hangs: what the caches hold is served at once; a miss gets the cache's 504
+    // once the cache gives up on the origin, before the balancer would give up on the cache.
+    world.origin.as_ref().unwrap().pause();
+    let started = Instant::now();
+    let (miss, hits) = std::thread::scope(|s| {
+        let miss = s.spawn(|| world.get("/live/new.ts", &[]));
+        std::thread::sleep(Duration::from_millis(200));
+        let hits: Vec<(u16, Duration)> = segments
+            .iter()
+            .map(|seg| {
+                let t = Instant::now();
+                (world.get(seg, &[]).status, t.elapsed())
+            })
+            .collect();
+        (miss.join().unwrap(), hits)
+    });
+    let waited = started.elapsed();
+    world.origin.as_ref().unwrap().resume();
+    for (status, took) in &hits {
+        assert_eq!(*status, 200);
+        assert!(*took < Duration::from_secs(1), "a hit took {took:?}");
+    }
+    assert_eq!(miss.status, 504, "{miss:?}");
+    assert!(
+        miss.header(UPSTREAM_HEADER)
+            .is_some_and(|a| !a.contains(',')),
+        "the cache answered, no failover: {:?}",
+        miss.header(UPSTREAM_HEADER)
+    );
+    assert!(waited < Duration::from_secs(20), "{waited:?}");
+    // And the caches are still in the pool: every segment still a HIT.
+    for s in &segments {
+        assert_eq!(world.get(s, &[]).header(CACHE_STATUS_HEADER), Some("HIT"));
+    }
+    world.origin.take();
+}
+
+#[test]
+fn ranges_fetch_only_their_slices_and_a_head_no_body() {
+    let world = World::start(5, topology(|_| {}));
+    // Text, so the body read back is the body sent.
+    let big: Vec<u8> = (0..8u32 << 20).map(|i| b'a' + (i % 26) as u8).collect();
+    world.put("/vod/big.bin", &big);
+    let last = big.len() - (1 << 20);
+    let range = format!("bytes={last}-");
+    let started = Instant::now();
+    let r = world.get("/vod/big.bin", &[("Range", &range)]);
+    let took = started.elapsed();
+    assert_eq!(r.status, 206);
+    assert_eq!(r.header("Content-Length"), Some("1048576"));
+    let from_origin: u64 = world.served().iter().map(|s| s.bytes).sum();
+    // The last MiB is one slice (two when it straddles them): not the whole object.
+    assert!(
+        from_origin <= 2 << 20,
+        "{from_origin} bytes from the origin"
+    );
+    assert!(took < Duration::from_secs(2), "{took:?}");
+
+    // A HEAD of a cold object is a HEAD at the origin.
+    world.put("/vod/other.bin", &big);
+    let r = world.ask("edge", "HEAD", "/vod/other.bin", &[]);
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("Content-Length"), Some("8388608"));
+    let heads = world.served_for("/vod/other.bin");
+    assert_eq!(heads.len(), 1);
+    assert_eq!((heads[0].method.as_str(), heads[0].bytes), ("HEAD", 0));
+
+    // The whole object, assembled from slices, is the object.
+    let r = world.get("/vod/big.bin", &[]);
+    assert_eq!(r.status, 200);
+    assert!(
+        r.body.as_bytes() == big,
+        "the object assembled from its slices"
+    );
+}
+
+#[test]
+fn missing_and_uncacheable_answers_do_not_pile_up_at_the_origin() {
+    let world = World::start(6, topology(|_| {}));
+    for _ in 0..20 {
+        assert_eq!(world.get("/live/missing.ts", &[]).status, 404);
+    }
+    let asked = world.served_for("/live/missing.ts").len();
+    assert!(asked <= 2, "{asked} origin requests for 20 sequential 404s");
+    // Briefly: a segment published a moment later is found. (nginx counts lifetimes in whole
+    // seconds: `1s` lasts one to two.)
+    std::thread::sleep(Duration::from_millis(2100));
+    world.put("/live/missing.ts", b"now here");
+    assert_eq!(world.get("/live/missing.ts", &[]).status, 200);
+
+    // 100 at once for a missing object: one origin request, no queue.
+    let answers = at_once(&world, 100, "/live/gone.ts");
+    assert!(answers.iter().all(|(r, _)| r.status == 404));
+    assert_eq!(world.served_for("/live/gone.ts").len(), 1);
+    let slowest = answers.iter().map(|(_, t)| *t).max().unwrap();
+    assert!(slowest < Duration::from_secs(2), "{slowest:?}");
+
+    // 100 at once for one object: one origin request.
+    world.put("/vod/popular.mp4", b"popular");
+    let answers = at_once(&world, 100, "/vod/popular.mp4");
+    assert!(answers.iter().all(|(r, _)| r.body == "popular"));
+    assert_eq!(world.served_for("/vod/popular.mp4").len(), 1);
+}
+
+#[test]
+fn live_manifests_follow_the_origin_when_it_says_nothing() {
+    let world = World::start(7, topology(|_| {}));
+    world.put("/live/index.m3u8", b"#EXTM3U\n#1\n");
+    world.put("/vod/notes.txt", b"v1");
+    assert_eq!(world.get("/live/index.m3u8", &[]).body, "#EXTM3U\n#1\n");
+    assert_eq!(world.get("/vod/notes.txt", &[]).body, "v1");
+    // A new length: within the second, the origin's validators (Last-Modified, and an ETag of
+    // mtime and size) tell the new version from the old by its size alone.
+    world.put("/live/index.m3u8", b"#EXTM3U\n#1\n#2\n");
+    world.put("/vod/notes.txt", b"v2.");
+    // The manifest rule (2 s) applies; other paths keep `valid` (10 m).
+    let deadline = Instant::now() + Duration::from_secs(6);
+    loop {
+        if world.get("/live/index.m3u8", &[]).body == "#EXTM3U\n#1\n#2\n" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the manifest stayed frozen");
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    assert_eq!(world.get("/vod/notes.txt", &[]).body, "v1");
+
+    // Rules of the user's replace the defaults.
+    let world = World::start(
+        8,
+        topology(|c| {
+            c.spec.cache = Some(Box::new(CacheSpec {
+                rules: Some(vec![CacheRule {
+                    path_condition: r"\.txt$".into(),
+                    valid: "1s".into(),
+                }]),
+                ..CacheSpec::default()
+            }));
+        }),
+    );
+    world.put("/vod/notes.txt", b"v1");
+    assert_eq!(world.get("/vod/notes.txt", &[]).body, "v1");
+    world.put("/vod/notes.txt", b"v2.");
+    std::thread::sleep(Duration::from_millis(2100));
+    assert_eq!(world.get("/vod/notes.txt", &[]).body, "v2.");
+}
+
+/// A ConfigMap volume as the kubelet writes it: `KEY -> ..data/KEY`, `..data -> ..<version>`,
+/// a new version swapped in with one rename.
+struct ConfigVolume {
+    dir: PathBuf,
+    version: u32,
+}
+
+impl ConfigVolume {
+    fn new(dir: PathBuf, data: &[(&str, &str)]) -> ConfigVolume {
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut volume = ConfigVolume { dir, version: 0 };
+        volume.update(data);
+        for (key, _) in data {
+            std::os::unix::fs::symlink(format!("..data/{key}"), volume.dir.join(key)).unwrap();
+        }
+        volume
+    }
+
+    fn update(&mut self, data: &[(&str, &str)]) {
+        self.version += 1;
+        let version = format!("..{}", self.version);
+        std::fs::create_dir(self.dir.join(&version)).unwrap();
+        for (key, value) in data {
+            std::fs::write(self.dir.join(&version).join(key), value).unwrap();
+        }
+        std::os::unix::fs::symlink(&version, self.dir.join("..data_tmp")).unwrap();
+        std::fs::rename(self.dir.join("..data_tmp"), self.dir.join("..data")).unwrap();
+    }
+}
+
+#[test]
+fn a_configuration_change_is_applied_in_place_and_keeps_the_cache() {
+    // The cache runs as its pod does: the entrypoint from its ConfigMap, mounted read-only at
+    // /etc/nginx/cdn, emptyDirs at /tmp and /var/cache/nginx; only the listen address moved.
+    let mut world = World::start(9, topology(|_| {}));
+    let mut cache = world.cluster("cache-a").clone();
+    let listen = "127.0.9.31:80";
+    let paths = Paths {
+        listen: listen.into(),
+        ..Paths::default()
+    };
+    let conf = config(&cache, &world.clusters, &paths);
+    let mut volume = ConfigVolume::new(
+        world.path().join("cm"),
+        &[(CONFIG_KEY, &conf), (ENTRYPOINT_KEY, ENTRYPOINT)],
+    );
+    let pod = Sandbox::read_only_root()
+        .hosts(world.path().join("hosts"))
+        .read_only(&volume.dir, build::CONFIG_DIR)
+        .empty_dir("/tmp")
+        .empty_dir("/var/cache/nginx");
+    let entrypoint = format!("{}/{ENTRYPOINT_KEY}", build::CONFIG_DIR);
+    let nginx = Nginx::spawn(
+        "pod",
+        pod.command(&["/bin/sh", &entrypoint]),
+        &world.path().join("pod.log"),
+    );
+    nginx.wait_listening(listen, &conf);
+    world.running.push(("pod".into(), nginx));
+
+    let objects: Vec<String> = (0..50).map(|i| format!("/vod/{i}.ts")).collect();
+    for o in &objects {
+        world.put(o, o.as_bytes());
+        let r = request(listen, "GET", o, &[HOST], b"").unwrap();
+        assert_eq!(r.header(CACHE_STATUS_HEADER), Some("MISS"));
+    }
+    // A new lifetime and a new size (a keys zone of another size): reloaded, every object
+    // still a HIT.
+    cache.spec.cache = Some(Box::new(CacheSpec {
+        size: Some("100g".into()),
+        valid: Some("20m".into()),
+        ..CacheSpec::default()
+    }));
+    let new = config(&cache, &world.clusters, &paths);
+    assert_ne!(new, conf);
+    volume.update(&[(CONFIG_KEY, &new), (ENTRYPOINT_KEY, ENTRYPOINT)]);
+    let log = || std::fs::read_to_string(world.path().join("pod.log")).unwrap();
+    // The entrypoint looks every 2 s; nginx says "reconfiguring" on SIGHUP, then starts new
+    // workers.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !(log().contains("reloading nginx") && log().contains("reconfiguring")) {
+        assert!(Instant::now() < deadline, "not reloaded:\n{}", log());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let hits = objects
+        .iter()
+        .filter(|o| {
+            let r = request(listen, "GET", o, &[HOST], b"").unwrap();
+            assert_eq!(r.body, **o);
+            r.header(CACHE_STATUS_HEADER) == Some("HIT")
+        })
+        .count();
+    assert_eq!(hits, objects.len(), "hits after the reload\n{}", log());
+    assert!(!log().contains("[emerg]"), "{}", log());
+    assert_eq!(world.served().len(), objects.len(), "nothing fetched again");
+
+    // The pod's stop signal stops nginx gracefully through the entrypoint.
+    let (_, pod) = world.running.pop().unwrap();
+    let log = pod.stop();
+    assert!(
+        log.contains("gracefully shutting down") || log.contains("exiting"),
+        "{log}"
+    );
+}
