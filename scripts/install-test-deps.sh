@@ -7,7 +7,6 @@ apt_packages=()
 # The build of jemalloc, the operator's allocator (tikv-jemalloc-sys), runs make and a C compiler.
 command -v make >/dev/null 2>&1 || apt_packages+=(make)
 command -v cc >/dev/null 2>&1 || apt_packages+=(gcc)
-command -v nginx >/dev/null 2>&1 || apt_packages+=(nginx-light)
 # promtool lints the /metrics exposition (Debian ships it in the prometheus package).
 command -v promtool >/dev/null 2>&1 || apt_packages+=(prometheus)
 # openssl makes the CA and certificate of the TLS tracing test.
@@ -17,14 +16,49 @@ command -v dot >/dev/null 2>&1 || apt_packages+=(graphviz)
 # The browser in which the Mermaid CLI renders `cdn-operator graph -o mermaid`: puppeteer's own
 # browser download is out of reach, Debian's chromium is not.
 command -v chromium >/dev/null 2>&1 || apt_packages+=(chromium)
+# wrk drives the throughput row of the data-plane benchmark (e2e/src/bin/dataplane.rs).
+command -v wrk >/dev/null 2>&1 || apt_packages+=(wrk)
 
 if [ ${#apt_packages[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${apt_packages[@]}" >/dev/null
-  # Debian starts nginx on port 80 after install; the tests start their own.
-  (command -v systemctl >/dev/null && systemctl stop nginx) >/dev/null 2>&1 || true
-  pkill -x nginx >/dev/null 2>&1 || true
+fi
+
+# nginx as the pods run it (1.30), for tests/nginx.rs and the testkit's runner
+# (testkit/src/nginx.rs): Debian unstable's, whose binary needs unstable's libc and OpenSSL, so it
+# lives in a root of its own (about 105 MB) that the tests enter with bubblewrap. The root is
+# outside the repository so that every clone shares it; CDN_TEST_NGINX_ROOT moves it, for the
+# tests too. Made once (15 to 40 s here), again only if its nginx is not of the 1.30 series.
+nginx_root="${CDN_TEST_NGINX_ROOT:-/opt/cdn-operator-test/nginx-root}"
+nginx_series="nginx/1.30."
+root_nginx_version() {
+  bwrap --ro-bind "$1" / --dev /dev --proc /proc nginx -v 2>&1 || true
+}
+if ! command -v bwrap >/dev/null 2>&1 \
+  || ! grep -qF "$nginx_series" <<<"$(root_nginx_version "$nginx_root")"; then
+  if ! command -v bwrap >/dev/null 2>&1 || ! command -v mmdebstrap >/dev/null 2>&1; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    # mmdebstrap with its recommends, as tried.
+    apt-get install -y -qq mmdebstrap bubblewrap >/dev/null
+  fi
+  staging="$nginx_root.new"
+  rm -rf "$staging"
+  mkdir -p "$(dirname "$nginx_root")"
+  # The mirror's unstable index is a snapshot, past the Valid-Until date of its Release file. The
+  # root gets an /etc/hosts for localhost (the tests bind their own over it).
+  mmdebstrap --quiet --variant=essential --include=nginx,ca-certificates --mode=root \
+    --aptopt='Acquire::Check-Valid-Until "false"' \
+    --customize-hook='printf "127.0.0.1 localhost\n::1 localhost\n" > "$1/etc/hosts"' \
+    sid "$staging"
+  version="$(root_nginx_version "$staging")"
+  if ! grep -qF "$nginx_series" <<<"$version"; then
+    echo "Debian unstable's nginx is not of the ${nginx_series}x series the pods run: $version" >&2
+    exit 1
+  fi
+  rm -rf "$nginx_root"
+  mv "$staging" "$nginx_root"
 fi
 
 # The offline CRD validator of ../shared/tools needs these.

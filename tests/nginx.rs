@@ -1,30 +1,21 @@
-//! Generated nginx configurations, run by the real nginx: `nginx -t` for every shape of spec, and
-//! the seed topology serving real requests (balancer → cache-live / cache-vod → origins).
+//! Generated nginx configurations, run by the real nginx, of the release the pods run (1.30, in
+//! the testkit's root): `nginx -t` for every shape of spec, and the seed topology serving real
+//! requests (balancer → cache-live / cache-vod → origins).
 //!
-//! Each nginx runs in a private mount namespace whose /etc/hosts maps the in-cluster Service names
-//! of the configuration to loopback addresses, so the configurations under test are exactly the
-//! ones the operator ships, with only the listen address and file paths moved.
+//! Each nginx runs in a sandbox whose /etc/hosts maps the in-cluster Service names of the
+//! configuration to loopback addresses, so the configurations under test are exactly the ones the
+//! operator ships, with only the listen address and file paths moved.
 
 use cdn_operator::api::{CacheSpec, CdnCluster, CdnClusterSpec, Role, Source};
 use cdn_operator::cdncluster::build;
-use cdn_operator::cdncluster::nginx::{Paths, CACHE_STATUS_HEADER, UPSTREAM_HEADER};
+use cdn_operator::cdncluster::nginx::{timeouts, Paths, CACHE_STATUS_HEADER, UPSTREAM_HEADER};
 use cdn_operator::cdncluster::sources;
-use std::io::{Read, Write};
-use std::net::TcpStream;
+use cdn_operator_testkit::nginx::{static_server_config, test_config, Nginx, Sandbox};
+use cdn_operator_testkit::{request, Response};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-fn nginx() -> PathBuf {
-    for candidate in ["/usr/sbin/nginx", "/usr/bin/nginx"] {
-        if Path::new(candidate).exists() {
-            return candidate.into();
-        }
-    }
-    panic!("nginx is not installed: run scripts/install-test-deps.sh (./test.sh does)");
-}
 
 fn cluster(name: &str, role: Role, sources: Vec<Source>) -> CdnCluster {
     let mut c = CdnCluster::new(name, CdnClusterSpec::new(role, sources));
@@ -55,34 +46,17 @@ fn hosts_file(dir: &Path, names: &[(&str, &str)]) -> PathBuf {
     path
 }
 
-/// `nginx ARGS` in a mount namespace where `hosts` is /etc/hosts.
-fn nginx_command(hosts: &Path, args: &[&str]) -> Command {
-    let mut script = format!(
-        "mount --bind '{}' /etc/hosts && exec '{}'",
-        hosts.display(),
-        nginx().display()
-    );
-    for arg in args {
-        script.push_str(&format!(" '{arg}'"));
-    }
-    let mut cmd = Command::new("unshare");
-    cmd.args(["--mount", "sh", "-c", &script]);
-    cmd
+/// The sandbox of the nginx instances of a test: `dir` shared, `hosts` as /etc/hosts.
+fn sandbox(dir: &Path, hosts: &Path) -> Sandbox {
+    Sandbox::new().share(dir).hosts(hosts)
 }
 
 fn check(conf: &str, dir: &Path, hosts: &Path) {
     let file = dir.join("nginx.conf");
     std::fs::write(&file, conf).unwrap();
-    let out = nginx_command(hosts, &["-e", "stderr", "-t", "-c", file.to_str().unwrap()])
-        .output()
-        .expect("run nginx -t");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success()
-            && stderr.contains("syntax is ok")
-            && stderr.contains("test is successful"),
-        "nginx -t refused the generated configuration:\n{stderr}\n--- configuration ---\n{conf}"
-    );
+    if let Err(report) = test_config(&sandbox(dir, hosts), &file) {
+        panic!("nginx -t refused the generated configuration:\n{report}\n--- configuration ---\n{conf}");
+    }
 }
 
 #[test]
@@ -114,6 +88,7 @@ fn every_generated_configuration_passes_nginx_t() {
         size: Some("20g".into()),
         inactive: Some("1h".into()),
         valid: Some("30s".into()),
+        ..CacheSpec::default()
     }));
     let specs = vec![
         // The seed: a balancer routing by path, no default.
@@ -209,132 +184,40 @@ fn nginx_t_catches_a_broken_configuration() {
         "events {}\nhttp { server { location ~ \"(\" { } } }\n",
     )
     .unwrap();
-    let out = nginx_command(
-        &hosts,
-        &["-e", "stderr", "-t", "-c", file.to_str().unwrap()],
-    )
-    .output()
-    .unwrap();
-    assert!(!out.status.success());
+    let refused = test_config(&sandbox(dir.path(), &hosts), &file);
+    assert!(refused.is_err(), "{refused:?}");
 }
 
-/// A running nginx, stopped on drop.
-struct Nginx {
-    child: Child,
-    name: String,
-}
-
-impl Drop for Nginx {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
+/// `conf` run by nginx as the instance `name`, its files in `dir`; once it listens on `addr`.
+/// Stopped gracefully when dropped.
 fn start(name: &str, conf: &str, dir: &Path, hosts: &Path, addr: &str) -> Nginx {
-    let file = dir.join(format!("{name}.conf"));
-    std::fs::write(&file, conf).unwrap();
-    // One process (no master), so stopping the child stops nginx.
-    let log = dir.join(format!("{name}.log"));
-    let child = nginx_command(
-        hosts,
-        &[
-            "-e",
-            log.to_str().unwrap(),
-            "-c",
-            file.to_str().unwrap(),
-            "-g",
-            "daemon off; master_process off;",
-        ],
-    )
-    .stdout(Stdio::null())
-    .stderr(Stdio::null())
-    .spawn()
-    .unwrap();
-    let mut server = Nginx {
-        child,
-        name: name.into(),
-    };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while TcpStream::connect(addr).is_err() {
-        if let Ok(Some(status)) = server.child.try_wait() {
-            let log = std::fs::read_to_string(&log).unwrap_or_default();
-            panic!("nginx {} exited: {status}\n{log}\n{conf}", server.name);
-        }
-        assert!(
-            Instant::now() < deadline,
-            "nginx {name} did not listen on {addr}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    server
+    Nginx::start(&sandbox(dir, hosts), name, conf, dir, addr)
 }
 
-struct Response {
-    status: u16,
-    headers: Vec<(String, String)>,
-    body: String,
-}
-
-impl Response {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
-    }
-}
+/// The Host of the test's requests: the CDN's public name.
+const HOST: &str = "cdn.example.com";
 
 fn get(addr: &str, path: &str) -> Response {
     try_get(addr, path).unwrap_or_else(|e| panic!("GET {path} from {addr}: {e}"))
 }
 
+/// A GET on a connection of its own; its read waits longer than the pools' proxy_read_timeout,
+/// so a request failed over from a hung member gets its answer.
 fn try_get(addr: &str, path: &str) -> std::io::Result<Response> {
-    let mut stream = TcpStream::connect(addr)?;
-    // Above the pools' proxy_read_timeout, so a request failed over from a hung member arrives.
-    stream.set_read_timeout(Some(Duration::from_secs(30)))?;
-    write!(
-        stream,
-        "GET {path} HTTP/1.0\r\nHost: cdn.example.com\r\n\r\n"
-    )?;
-    let mut raw = String::new();
-    stream.read_to_string(&mut raw)?;
-    let (head, body) = raw
-        .split_once("\r\n\r\n")
-        .ok_or_else(|| std::io::Error::other(format!("not an HTTP response: {raw:?}")))?;
-    let mut lines = head.lines();
-    let status = lines
-        .next()
-        .unwrap()
-        .split(' ')
-        .nth(1)
-        .unwrap()
-        .parse()
-        .unwrap();
-    let headers = lines
-        .filter_map(|l| l.split_once(':'))
-        .map(|(n, v)| (n.trim().to_string(), v.trim().to_string()))
-        .collect();
-    Ok(Response {
-        status,
-        headers,
-        body: body.to_string(),
-    })
+    request(addr, "GET", path, &[("Host", HOST)], b"")
 }
 
 /// An origin: nginx serving the files under `root` at `addr`, its temp files under `dir`/tmp.
 fn start_origin(name: &str, root: &Path, dir: &Path, hosts: &Path, addr: &str) -> Nginx {
     let tmp = dir.join("tmp");
     std::fs::create_dir_all(&tmp).unwrap();
-    let tmp = tmp.display();
-    let conf = format!(
-        "pid {tmp}/origin-{addr}.pid;\nevents {{}}\nhttp {{\n  access_log off;\n  \
-         client_body_temp_path {tmp}/ocb; proxy_temp_path {tmp}/op; fastcgi_temp_path {tmp}/of;\n  \
-         uwsgi_temp_path {tmp}/ou; scgi_temp_path {tmp}/os;\n  \
-         server {{ listen {addr}; root {}; }}\n}}\n",
-        root.display()
-    );
-    start(name, &conf, dir, hosts, addr)
+    start(
+        name,
+        &static_server_config(root, &tmp, addr),
+        dir,
+        hosts,
+        addr,
+    )
 }
 
 #[test]
@@ -481,13 +364,7 @@ fn seed_topology_routes_caches_and_answers_404() {
     // A balancer does not cache: the status it passes on is the cache's own.
     let r = get("127.0.0.12:80", "/vod/movie.mp4");
     assert_eq!(r.header(CACHE_STATUS_HEADER), Some("HIT"));
-    assert_eq!(
-        r.headers
-            .iter()
-            .filter(|(n, _)| n.eq_ignore_ascii_case(CACHE_STATUS_HEADER))
-            .count(),
-        1
-    );
+    assert_eq!(r.header_count(CACHE_STATUS_HEADER), 1);
 }
 
 /// The pool test's world: a balancer whose default is a pool of three caches (cache-a weighted
@@ -637,7 +514,8 @@ fn a_pool_spreads_uris_by_consistent_hashing_and_fails_over_without_errors() {
         })
     };
     std::thread::sleep(Duration::from_millis(300));
-    caches[1] = None;
+    // At once (SIGKILL), as a crash: the requests it was serving fail with it.
+    caches[1].take().unwrap().kill();
     std::thread::sleep(Duration::from_millis(700));
     let without_b = pass(balancer, &uris);
     stop.store(true, Ordering::Relaxed);
@@ -697,12 +575,8 @@ fn a_pool_spreads_uris_by_consistent_hashing_and_fails_over_without_errors() {
         .filter(|(_, c)| **c == "cache-b")
         .map(|(u, _)| u)
         .collect();
-    let b_pid = caches[1].as_ref().unwrap().child.id().to_string();
-    let signal = |sig: &str| {
-        let ok = Command::new("kill").args([sig, &b_pid]).status().unwrap();
-        assert!(ok.success(), "kill {sig} {b_pid}");
-    };
-    signal("-STOP");
+    let b = caches[1].as_ref().unwrap();
+    b.pause();
     let started = Instant::now();
     let hung: Vec<_> = b_uris[..2]
         .iter()
@@ -731,7 +605,12 @@ fn a_pool_spreads_uris_by_consistent_hashing_and_fails_over_without_errors() {
     }
     let waited = started.elapsed();
     eprintln!("requests to the hung cache-b answered by another after {waited:?}");
-    assert!((9..15).contains(&waited.as_secs()), "{waited:?}");
+    // The pool's read timeout (that of a tier), and not much more.
+    let read = u64::from(timeouts::TIER_READ);
+    assert!(
+        (read - 1..read + 5).contains(&waited.as_secs()),
+        "{waited:?}"
+    );
     let started = Instant::now();
     let r = get(balancer, b_uris[2]);
     assert_ne!(served_by(&r), "cache-b");
@@ -739,7 +618,7 @@ fn a_pool_spreads_uris_by_consistent_hashing_and_fails_over_without_errors() {
         started.elapsed() < Duration::from_secs(1),
         "cache-b is left out"
     );
-    signal("-CONT");
+    b.resume();
 
     // Weights 2:1:1 give cache-a about half of the URIs.
     let weighted = pool_world(2);
@@ -763,34 +642,8 @@ fn a_pool_spreads_uris_by_consistent_hashing_and_fails_over_without_errors() {
 
 /// The uid and gid OpenShift's restricted-v2 SCC runs a pod as: one from the namespace's range,
 /// group root. Neither is known to the image.
-const ARBITRARY_UID: &str = "1000680000";
-const ARBITRARY_GID: &str = "0";
-
-/// nginx started exactly as the pod runs it (the Deployment's command, volumes and mounts), as an
-/// arbitrary uid, in a private mount namespace whose root is the host's made read-only, with a
-/// tmpfs (mode 0777, as an emptyDir) at each emptyDir mount and the configuration read-only at
-/// the ConfigMap's mount. Any write outside the emptyDirs fails. Stopped (SIGQUIT) on drop.
-struct PodNginx {
-    child: Child,
-    log: PathBuf,
-}
-
-impl Drop for PodNginx {
-    fn drop(&mut self) {
-        let _ = Command::new("kill")
-            .args(["-QUIT", &self.child.id().to_string()])
-            .status();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+const ARBITRARY_UID: u32 = 1000680000;
+const ARBITRARY_GID: u32 = 0;
 
 /// The pod template's spec of a Deployment the operator built.
 fn pod_spec(
@@ -800,101 +653,52 @@ fn pod_spec(
     template.spec.as_ref().unwrap()
 }
 
+/// nginx started exactly as the pod of `children` runs it (the Deployment's command, volumes and
+/// mounts), as an arbitrary uid, in a sandbox whose root is read-only, with a tmpfs (mode 0777, as
+/// an emptyDir) at each emptyDir mount and the ConfigMap's files read-only at its mount, `conf` as
+/// nginx.conf. Any write outside the emptyDirs fails. Its standard error goes to
+/// `dir`/pod-nginx.log. Stopped (SIGQUIT) on drop.
 fn start_as_pod(
-    deployment: &k8s_openapi::api::apps::v1::Deployment,
+    children: &build::Children,
     conf: &str,
     dir: &Path,
     hosts: &Path,
     addr: &str,
-) -> PodNginx {
-    let pod = pod_spec(deployment);
+) -> Nginx {
+    let pod = pod_spec(&children.deployment);
     let container = &pod.containers[0];
     let volumes = pod.volumes.as_deref().unwrap();
     let config = dir.join("config");
     std::fs::create_dir_all(&config).unwrap();
-    std::fs::write(config.join(build::CONFIG_KEY), conf).unwrap();
-    let q = |p: &Path| format!("'{}'", p.display());
-    // Scratch space of the namespace's own (a tmpfs): an overlay of / gives mount points for the
-    // pod's paths without creating anything on the host.
-    let mut script = format!(
-        "set -e\nmount -t tmpfs scratch {d}\nmkdir {d}/upper {d}/work {r}\n\
-         mount -t overlay overlay -o lowerdir=/,upperdir={d}/upper,workdir={d}/work {r}\n\
-         mkdir -p {r}/etc {r}/dev {r}/proc\n\
-         mount --rbind /dev {r}/dev\nmount --rbind /proc {r}/proc\n\
-         touch {r}/etc/hosts\nmount --bind {h} {r}/etc/hosts\n",
-        d = q(&dir.join("ns")),
-        r = q(&dir.join("ns/root")),
-        h = q(hosts),
-    );
-    std::fs::create_dir_all(dir.join("ns")).unwrap();
+    for (key, text) in children.config_map.data.as_ref().unwrap() {
+        let text = if key == build::CONFIG_KEY { conf } else { text };
+        std::fs::write(config.join(key), text).unwrap();
+    }
+    // The pod's read-only root filesystem, and its volumes.
+    let mut sandbox = Sandbox::read_only_root().hosts(hosts);
     for mount in container.volume_mounts.as_deref().unwrap() {
         let volume = volumes.iter().find(|v| v.name == mount.name).unwrap();
-        let target = format!("{}{}", dir.join("ns/root").display(), mount.mount_path);
-        script.push_str(&format!("mkdir -p '{target}'\n"));
         if volume.empty_dir.is_some() {
-            script.push_str(&format!(
-                "mount -t tmpfs -o mode=0777 {} '{target}'\n",
-                mount.name
-            ));
+            sandbox = sandbox.empty_dir(&mount.mount_path);
         } else if volume.config_map.is_some() {
             assert_eq!(mount.read_only, Some(true), "{} is read-only", mount.name);
-            script.push_str(&format!(
-                "mount --bind {} '{target}'\nmount -o remount,bind,ro '{target}'\n",
-                q(&config)
-            ));
+            sandbox = sandbox.read_only(&config, &mount.mount_path);
         } else {
             panic!("the nginx pod mounts a volume that is neither an emptyDir nor the ConfigMap: {volume:?}");
         }
     }
-    // The pod's read-only root filesystem.
-    script.push_str(&format!(
-        "mount -o remount,bind,ro {}\n",
-        q(&dir.join("ns/root"))
-    ));
-    script.push_str(&format!(
-        "export PATH=/usr/sbin:/usr/bin:/sbin:/bin\n\
-         exec chroot {} setpriv --reuid={ARBITRARY_UID} --regid={ARBITRARY_GID} --clear-groups --",
-        q(&dir.join("ns/root"))
-    ));
+    let sandbox = sandbox.user(ARBITRARY_UID, ARBITRARY_GID);
     // The container's command, word for word.
-    for arg in container.command.as_deref().unwrap() {
-        script.push_str(&format!(" '{arg}'"));
-    }
-    let log = dir.join("pod-nginx.log");
-    let child = Command::new("unshare")
-        .args(["--mount", "sh", "-c", &script])
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    let mut server = PodNginx { child, log };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while TcpStream::connect(addr).is_err() {
-        if let Ok(Some(status)) = server.child.try_wait() {
-            let log = std::fs::read_to_string(&server.log).unwrap_or_default();
-            panic!("nginx as uid {ARBITRARY_UID} exited: {status}\n{log}\n{conf}");
-        }
-        assert!(Instant::now() < deadline, "nginx did not listen on {addr}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let command = sandbox.command(container.command.as_deref().unwrap());
+    let server = Nginx::spawn("pod", command, &dir.join("pod-nginx.log"));
+    server.wait_listening(addr, conf);
     server
 }
 
 fn post(addr: &str, path: &str, body: &[u8]) -> u16 {
-    let mut stream = TcpStream::connect(addr).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(30)))
-        .unwrap();
-    write!(
-        stream,
-        "POST {path} HTTP/1.0\r\nHost: cdn.example.com\r\nContent-Length: {}\r\n\r\n",
-        body.len()
-    )
-    .unwrap();
-    stream.write_all(body).unwrap();
-    let mut raw = String::new();
-    stream.read_to_string(&mut raw).unwrap();
-    raw.split(' ').nth(1).unwrap().parse().unwrap()
+    request(addr, "POST", path, &[("Host", HOST)], body)
+        .unwrap_or_else(|e| panic!("POST {path} to {addr}: {e}"))
+        .status
 }
 
 #[test]
@@ -939,7 +743,7 @@ fn the_pod_runs_nginx_as_any_uid_writing_only_to_its_empty_dirs() {
 
         let own = d.join(name);
         std::fs::create_dir_all(&own).unwrap();
-        let server = start_as_pod(&children.deployment, &conf, &own, &hosts, addr);
+        let server = start_as_pod(&children, &conf, &own, &hosts, addr);
         assert_eq!(get(addr, "/healthz").status, 200, "{name}");
         let r = get(addr, "/vod/movie.mp4");
         assert_eq!((r.status, r.body.len()), (200, movie.len()), "{name}");

@@ -1,4 +1,5 @@
-//! HTTP on loopback, as a probe or a scraper does it: one GET on its own connection.
+//! HTTP on loopback, as a probe or a scraper does it: one GET on its own connection; and one
+//! request with all the headers of its response, for what passes through nginx.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -33,7 +34,7 @@ pub fn http_get_accepting(port: u16, path: &str, accept: &str) -> Option<Reply> 
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
     let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
     stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    exchange(&mut stream, &request(addr, path, accept, None))
+    exchange(&mut stream, &request_text(addr, path, accept, None))
 }
 
 /// The same GET over TLS, with `Authorization: Bearer <token>` when a token is given, as
@@ -43,7 +44,7 @@ pub fn http_get_accepting(port: u16, path: &str, accept: &str) -> Option<Reply> 
 pub fn https_get(port: u16, path: &str, accept: &str, token: Option<&str>) -> Option<Reply> {
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
     let mut stream = tls_connect(addr)?;
-    exchange(&mut stream, &request(addr, path, accept, token))
+    exchange(&mut stream, &request_text(addr, path, accept, token))
 }
 
 /// The certificate (DER) a TLS server on loopback `port` presents; `None` without a handshake.
@@ -73,7 +74,7 @@ fn tls_connect(
     Some(rustls::StreamOwned::new(connection, tcp))
 }
 
-fn request(addr: SocketAddr, path: &str, accept: &str, token: Option<&str>) -> String {
+fn request_text(addr: SocketAddr, path: &str, accept: &str, token: Option<&str>) -> String {
     let authorization = token
         .map(|t| format!("Authorization: Bearer {t}\r\n"))
         .unwrap_or_default();
@@ -111,6 +112,82 @@ fn exchange(stream: &mut (impl Read + Write), request: &str) -> Option<Reply> {
         status,
         content_type: header("content-type:").unwrap_or_default(),
         body,
+    })
+}
+
+/// A response with all its headers.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Response {
+    pub status: u16,
+    /// Names and values, in the order received.
+    pub headers: Vec<(String, String)>,
+    /// The body, invalid UTF-8 replaced.
+    pub body: String,
+}
+
+impl Response {
+    /// The value of the first header named `name` (in any case).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// How many headers are named `name` (in any case).
+    pub fn header_count(&self, name: &str) -> usize {
+        self.headers
+            .iter()
+            .filter(|(n, _)| n.eq_ignore_ascii_case(name))
+            .count()
+    }
+}
+
+/// How long [`request`] waits for its response: above the timeouts of the proxies under test
+/// (a pool's proxy_read_timeout), so a request that waits for one to fail over gets its answer.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// One HTTP/1.0 request on a connection of its own to `addr` (any address), its response read
+/// until the server closes the connection: `METHOD path` with `headers`, and `body` with its
+/// Content-Length when it is not empty.
+pub fn request(
+    addr: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> std::io::Result<Response> {
+    let mut stream = TcpStream::connect(addr)?;
+    stream.set_read_timeout(Some(REQUEST_TIMEOUT))?;
+    let mut head = format!("{method} {path} HTTP/1.0\r\n");
+    for (name, value) in headers {
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    if !body.is_empty() {
+        head.push_str(&format!("Content-Length: {}\r\n", body.len()));
+    }
+    head.push_str("\r\n");
+    stream.write_all(head.as_bytes())?;
+    stream.write_all(body)?;
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw)?;
+    let raw = String::from_utf8_lossy(&raw);
+    let not_http = || std::io::Error::other(format!("not an HTTP response: {raw:?}"));
+    let (head, body) = raw.split_once("\r\n\r\n").ok_or_else(not_http)?;
+    let mut lines = head.lines();
+    let status = lines
+        .next()
+        .and_then(|l| l.split(' ').nth(1))
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(not_http)?;
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(n, v)| (n.trim().to_string(), v.trim().to_string()))
+        .collect();
+    Ok(Response {
+        status,
+        headers,
+        body: body.to_string(),
     })
 }
 

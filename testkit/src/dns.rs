@@ -1,0 +1,200 @@
+//! A DNS server for tests: nginx's `resolver` (and an upstream's `server NAME resolve;`) looks
+//! names up over DNS while it runs, not in /etc/hosts, so a test that changes what a name
+//! resolves to needs a server of its own.
+//!
+//! It answers on loopback UDP from a map of names to IPv4 addresses that the test changes as it
+//! goes: A records with a short TTL for a known name, an empty answer for its other types (AAAA),
+//! NXDOMAIN for any other name.
+
+use simple_dns::rdata::{RData, A};
+use simple_dns::{Packet, PacketFlag, ResourceRecord, CLASS, QTYPE, RCODE, TYPE};
+use std::collections::HashMap;
+use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// Names (lower case, without the final dot) and their addresses.
+type Records = HashMap<String, Vec<Ipv4Addr>>;
+
+/// A DNS server on 127.0.0.1, answering from its own thread until dropped.
+pub struct Dns {
+    addr: SocketAddr,
+    records: Arc<Mutex<Records>>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Dns {
+    /// The TTL of its answers, in seconds: short, so a cache sees a change soon.
+    pub const TTL: u32 = 1;
+
+    /// A server on a free port of 127.0.0.1 that knows no name yet.
+    pub fn start() -> Dns {
+        let socket = UdpSocket::bind("127.0.0.1:0").expect("a UDP port on loopback");
+        // Wakes the thread now and then to see whether it must stop.
+        socket
+            .set_read_timeout(Some(Duration::from_millis(50)))
+            .expect("a read timeout");
+        let addr = socket.local_addr().expect("its address");
+        let records = Arc::new(Mutex::new(Records::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let (records, stop) = (records.clone(), stop.clone());
+            std::thread::spawn(move || serve(&socket, &records, &stop))
+        };
+        Dns {
+            addr,
+            records,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// Where it listens, e.g. for `resolver 127.0.0.1:PORT`.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `name` now resolves to `addresses` (none: an empty answer, not NXDOMAIN).
+    pub fn set(&self, name: &str, addresses: &[Ipv4Addr]) {
+        self.records
+            .lock()
+            .unwrap()
+            .insert(key(name), addresses.to_vec());
+    }
+
+    /// `name` is no longer known: NXDOMAIN.
+    pub fn remove(&self, name: &str) {
+        self.records.lock().unwrap().remove(&key(name));
+    }
+}
+
+impl Drop for Dns {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn key(name: &str) -> String {
+    name.trim_end_matches('.').to_ascii_lowercase()
+}
+
+fn serve(socket: &UdpSocket, records: &Mutex<Records>, stop: &AtomicBool) {
+    let mut buf = [0u8; 4096];
+    while !stop.load(Ordering::Relaxed) {
+        let Ok((len, from)) = socket.recv_from(&mut buf) else {
+            continue;
+        };
+        let reply = answer(&buf[..len], &records.lock().unwrap());
+        if let Some(reply) = reply {
+            let _ = socket.send_to(&reply, from);
+        }
+    }
+}
+
+/// The reply to the query `bytes`; `None` for what is no query (it gets no reply).
+fn answer(bytes: &[u8], records: &Records) -> Option<Vec<u8>> {
+    let query = Packet::parse(bytes).ok()?;
+    if query.has_flags(PacketFlag::RESPONSE) {
+        return None;
+    }
+    let mut reply = Packet::new_reply(query.id());
+    reply.set_flags(PacketFlag::AUTHORITATIVE_ANSWER);
+    if query.has_flags(PacketFlag::RECURSION_DESIRED) {
+        reply.set_flags(PacketFlag::RECURSION_DESIRED);
+    }
+    for question in &query.questions {
+        match records.get(&key(&question.qname.to_string())) {
+            None => *reply.rcode_mut() = RCODE::NameError,
+            Some(addresses) if question.qtype == QTYPE::TYPE(TYPE::A) => {
+                reply.answers.extend(addresses.iter().map(|&address| {
+                    ResourceRecord::new(
+                        question.qname.clone(),
+                        CLASS::IN,
+                        Dns::TTL,
+                        RData::A(A::from(address)),
+                    )
+                }));
+            }
+            // Known, but only as IPv4: no data of this type.
+            Some(_) => {}
+        }
+        // A resolver matches the reply to its question.
+        reply.questions.push(question.clone());
+    }
+    reply.build_bytes_vec().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use simple_dns::{Name, Question, QCLASS};
+
+    /// Asks `dns` for `name`'s records of `qtype`: the reply's code and A addresses.
+    fn ask(dns: &Dns, name: &str, qtype: TYPE) -> (RCODE, Vec<Ipv4Addr>, u16) {
+        let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
+        socket
+            .set_read_timeout(Some(Duration::from_secs(2)))
+            .unwrap();
+        let mut query = Packet::new_query(0x1234);
+        query.set_flags(PacketFlag::RECURSION_DESIRED);
+        query.questions.push(Question::new(
+            Name::new_unchecked(name),
+            qtype.into(),
+            QCLASS::CLASS(CLASS::IN),
+            false,
+        ));
+        socket
+            .send_to(&query.build_bytes_vec().unwrap(), dns.addr())
+            .unwrap();
+        let mut buf = [0u8; 4096];
+        let len = socket.recv(&mut buf).expect("a reply");
+        let reply = Packet::parse(&buf[..len]).unwrap();
+        assert!(reply.has_flags(PacketFlag::RESPONSE));
+        assert_eq!(reply.questions.len(), 1, "the question is echoed");
+        let addresses = reply
+            .answers
+            .iter()
+            .map(|rr| {
+                assert_eq!(rr.ttl, Dns::TTL);
+                match &rr.rdata {
+                    RData::A(a) => Ipv4Addr::from(a.clone()),
+                    other => panic!("not an A record: {other:?}"),
+                }
+            })
+            .collect();
+        (reply.rcode(), addresses, reply.id())
+    }
+
+    #[test]
+    fn answers_from_its_map_as_it_changes() {
+        let dns = Dns::start();
+        let name = "cache-a-members.default.svc.cluster.local";
+        let (a, b) = (Ipv4Addr::new(127, 0, 0, 31), Ipv4Addr::new(127, 0, 0, 32));
+        assert_eq!(ask(&dns, name, TYPE::A).0, RCODE::NameError);
+
+        dns.set(name, &[a, b]);
+        assert_eq!(
+            ask(&dns, name, TYPE::A),
+            (RCODE::NoError, vec![a, b], 0x1234)
+        );
+        // Any case, with or without the final dot.
+        let upper = "CACHE-A-MEMBERS.default.svc.cluster.local.";
+        assert_eq!(ask(&dns, upper, TYPE::A).1, vec![a, b]);
+        assert_eq!(ask(&dns, name, TYPE::AAAA).0, RCODE::NoError);
+        assert_eq!(ask(&dns, name, TYPE::AAAA).1, Vec::<Ipv4Addr>::new());
+        assert_eq!(ask(&dns, "other.default.svc", TYPE::A).0, RCODE::NameError);
+
+        dns.set(name, &[b]);
+        assert_eq!(ask(&dns, name, TYPE::A).1, vec![b]);
+        dns.set(name, &[]);
+        assert_eq!(ask(&dns, name, TYPE::A), (RCODE::NoError, vec![], 0x1234));
+        dns.remove(name);
+        assert_eq!(ask(&dns, name, TYPE::A).0, RCODE::NameError);
+    }
+}
