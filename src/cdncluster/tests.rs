@@ -177,13 +177,13 @@ fn sources_sharing_a_condition_are_one_pool_balanced_by_consistent_hashing() {
              \x20       server cache-a.default.svc:80 weight=2 max_fails=2 fail_timeout=5s;\n\
              \x20       server cache-b.default.svc:80 weight=1 max_fails=2 fail_timeout=5s;\n\
              \x20       server cache-c.default.svc:80 weight=1 max_fails=2 fail_timeout=5s;\n\
-             \x20       keepalive 32;\n        keepalive_timeout 60s;\n    }"
+             \x20       keepalive 32;\n        keepalive_requests 10000;\n        keepalive_timeout 60s;\n    }"
         ),
         "{conf}"
     );
     assert!(conf.contains("    # source cache-b (revision uid-cache-b)\n"));
     // A pool of one is written as a source always was: no hashing, no failover.
-    assert!(conf.contains("    upstream source_1 {\n        server live.default.svc:80;\n        keepalive 32;\n        keepalive_timeout 60s;\n    }"));
+    assert!(conf.contains("    upstream source_1 {\n        server live.default.svc:80;\n        keepalive 32;\n        keepalive_requests 10000;\n        keepalive_timeout 60s;\n    }"));
     assert_eq!(conf.matches("upstream source_").count(), 2);
     assert!(!conf.contains("source_2") && !conf.contains("source_3"));
     let default = conf

@@ -1,0 +1,2203 @@
+//! The data-plane benchmark: what the nginx configurations a cdn-operator binary renders do with
+//! real traffic, on nginx 1.30 (the pods' release, testkit's sandboxed runner) on loopback.
+//!
+//! `cargo run --release -p cdn-operator-e2e --bin dataplane -- [--before OLD_BINARY] [--json FILE]`
+//!
+//! Method. The topology (balancer `edge` over a pool of caches `cache-1` and `cache-2`, both
+//! fetching from the Service `origin:8080`, namespace `default`) is written as YAML to a temporary
+//! directory and rendered by the binary under test (`cdn-operator render -f`: the ConfigMaps and
+//! Deployments it would apply). Each CdnCluster then runs as its pod would: in its own sandbox
+//! (read-only root; a fresh tmpfs at each emptyDir mount of the rendered Deployment, i.e. /tmp and
+//! /var/cache/nginx; the ConfigMap's files at its mount, /etc/nginx/cdn, laid out as the kubelet
+//! does with a `..data` symlink), started with the Deployment's command word for word (the new
+//! `/bin/sh /etc/nginx/cdn/run.sh`, or the old `nginx -e stderr -c … -g 'daemon off;'`), as uid 101
+//! (the image's user), its standard output (the access log) kept in a file as a container runtime
+//! keeps it. Names resolve through the sandbox's /etc/hosts: edge.default.svc → 127.0.0.10,
+//! cache-1.default.svc → 127.0.0.11, cache-2.default.svc → 127.0.0.12, origin.default.svc →
+//! 127.0.0.20.
+//!
+//! The one change to the generated text: its line `listen 8080;` becomes `listen 127.0.0.X:80;`
+//! (the pod's address and its Service's port, as a parent reaches it). Nothing else is touched.
+//!
+//! The whole run is in a network namespace of its own (when the process may make one: it is root):
+//! only its own traffic on its own loopback, so the kernel's count of accepted TCP connections
+//! (`PassiveOpens` of /proc/net/snmp) is the benchmark's alone, and no other test's nginx on the
+//! same 127.0.0.x addresses interferes; there, ports below 1024 are opened to any uid, so the pods
+//! run unprivileged. Without it (not root), the pods run as root and row 1's count of the caches'
+//! connections is not measured.
+//!
+//! The origin is an nginx (same sandbox kind, one process) at 127.0.0.20:8080 with `stub_status`
+//! on :8081 (accepted connections) and an access log of `$msec|$request|$status|$bytes_sent|
+//! $connection|$http_range|$host`, from which each row counts the requests and bytes of its own
+//! URLs (every row asks for URLs of its own). It serves 1 KiB objects (`/obj/*`), 2,000 segment
+//! files (`/seg/NNNN.ts`), a 50 MB file of random bytes (`/big/*`), a page per Host
+//! (`/site/page.html` from `sites/$host/`), 503 (`/err/*`), `Cache-Control: no-cache`
+//! (`/nocache/*`), 404 (anything missing), live manifests (`/live/*.m3u8`, no Cache-Control nor
+//! Expires) and a slow 64 KiB object (`/slow/*`, 128 KiB/s: 0.5 s, so that concurrent misses
+//! overlap). A hung origin is every process of its sandbox stopped (SIGSTOP), then continued.
+//! A second nginx serves the 1 KiB file directly (static, with the generated configurations'
+//! http settings: workers, sendfile, keepalive, buffered access log) as the throughput limit.
+//!
+//! Measured (rows of the table; each row asks for URLs of its own):
+//! 1. TCP connections the origin accepts (stub_status) for 500 sequential misses over one
+//!    keep-alive client connection; the caches' accepted connections in the same loop (the
+//!    namespace's PassiveOpens less the client's and the origin's);
+//! 2. req/s of a cached 1 KiB object through balancer -> cache against nginx serving it directly
+//!    (wrk), and (2b) of its cache alone;
+//! 3. whose body and X-Cache-Status `Host: customer-b` gets after `customer-a` cached the path;
+//! 4. failures of 20 cached segments after 3 quick origin 503s;
+//! 5. failures of 75 cached requests during an origin 503 a second;
+//! 6. failures of 100 cached requests while the origin is hung;
+//! 7. a cold range (last 1 MB of 50 MB): time to first byte, bytes the origin sent;
+//! 8. 8 concurrent cold ranges of another 50 MB object: bytes the origin sent, the slowest;
+//! 9. 200 concurrent requests for a 404, then for a no-cache object: p50 latency, origin requests;
+//! 10. origin requests for 20 sequential requests of a missing object;
+//! 11. seconds until a changed live manifest (no Cache-Control) is served;
+//! 12. origin requests for 200 concurrent misses of one object;
+//! 13. bytes the origin sends for a HEAD of an uncached 50 MB object;
+//! 14. hit ratio of 200 cached objects right after a configuration change (`cache.valid` of both
+//!     caches), applied as Kubernetes would: a new pod (empty cache) if the Deployment's pod
+//!     template changed, else the ConfigMap's files switched in the volume (run.sh reloads nginx);
+//! 15. not measured (the replicas of a cache cluster do not form a ring yet).
+//!
+//! Each column (`--before`: an older binary's configurations; `after`: this workspace's binary,
+//! found as the e2e crate finds it) runs the rows on a fresh origin, caches and balancer; the
+//! table shows both columns and the targets. The balancer is restarted (a fresh pod) after the
+//! rows that make the origin fail (4, 5, 6), so that a member left out by one row does not fail
+//! the next. Clients: a small blocking HTTP/1.1 client of this file (per-request timeout 30 s),
+//! threads for concurrency, `wrk` for throughput. Everything ends by itself: bounded loops,
+//! timeouts, every nginx stopped on exit (and, bubblewrap's `--die-with-parent`, if this process
+//! dies).
+
+use cdn_operator_e2e::operator_binary;
+use cdn_operator_testkit::nginx::{self, Nginx, Sandbox};
+use clap::Parser;
+use k8s_openapi::api::apps::v1::Deployment;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Barrier, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+#[derive(Parser, Debug)]
+#[command(
+    about = "Data-plane benchmark: the nginx configurations rendered by cdn-operator binaries, on real nginx 1.30 on loopback"
+)]
+struct Args {
+    /// An older cdn-operator binary: its configurations are measured too, in the column `before`.
+    #[arg(long)]
+    before: Option<PathBuf>,
+    /// The binary of the column `after` (default: this workspace's, as the e2e crate finds it:
+    /// CDN_OPERATOR_BIN, else target/debug/cdn-operator).
+    #[arg(long)]
+    after: Option<PathBuf>,
+    /// Writes every figure to this file as JSON.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Duration of each wrk run of the throughput row, in seconds.
+    #[arg(long, default_value_t = 5)]
+    wrk_seconds: u64,
+    /// Rounds of wrk runs of the throughput row (direct, through the balancer, the cache alone).
+    #[arg(long, default_value_t = 2)]
+    wrk_rounds: u32,
+    /// Runs only these rows (e.g. `--only 2` or `--only 4,5`), to measure a noisy row again.
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
+    /// Keeps the working directory (configurations, nginx logs, access logs) and prints its path.
+    #[arg(long)]
+    keep: bool,
+}
+
+/// The Host of the requests (but row 3's).
+const HOST: &str = "cdn.test";
+/// The pods: CdnCluster, address, role.
+const PODS: [(&str, &str); 3] = [
+    ("edge", "127.0.0.10"),
+    ("cache-1", "127.0.0.11"),
+    ("cache-2", "127.0.0.12"),
+];
+const EDGE: &str = "127.0.0.10:80";
+const ORIGIN_IP: &str = "127.0.0.20";
+const ORIGIN: &str = "127.0.0.20:8080";
+const ORIGIN_STATUS: &str = "127.0.0.20:8081";
+const DIRECT: &str = "127.0.0.30:80";
+/// The uid and gid of the nginx-unprivileged image, which the pods run as.
+const POD_USER: (u32, u32) = (101, 101);
+/// The large object: 50 MB.
+const BIG: u64 = 50_000_000;
+/// A range of it: 1 MB.
+const RANGE: u64 = 1_000_000;
+/// The caches' slice (`slice 1m`), and what a slice's response may carry in headers.
+const SLICE: u64 = 1 << 20;
+const SLICE_HEADERS: u64 = 1024;
+/// Per-request timeout.
+const TIMEOUT: Duration = Duration::from_secs(30);
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    // First, before any thread exists: every thread and child after this runs in it.
+    let isolated = match private_network() {
+        Ok(()) => true,
+        Err(error) => {
+            eprintln!(
+                "dataplane: no network namespace of its own ({error}): the host's loopback, pods as root, \
+                 the caches' connections of row 1 not measured"
+            );
+            false
+        }
+    };
+    let after = args.after.clone().unwrap_or_else(operator_binary);
+    if args.after.is_none() {
+        warn_if_stale(&after);
+    }
+    let version = nginx::version(&Sandbox::new());
+    if !version.contains(nginx::VERSION_PREFIX) {
+        eprintln!(
+            "dataplane: {version}: not nginx {}x (run scripts/install-test-deps.sh)",
+            nginx::VERSION_PREFIX
+        );
+        return ExitCode::FAILURE;
+    }
+    let has_wrk = Command::new("wrk")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok();
+    if !has_wrk {
+        eprintln!(
+            "dataplane: no wrk (scripts/install-test-deps.sh installs it): row 2 not measured"
+        );
+    }
+
+    let work = tempfile::Builder::new()
+        .prefix("cdn-dataplane-")
+        .tempdir()
+        .expect("a temporary directory");
+    let dir = work.path().to_path_buf();
+    // Readable by nginx's workers and the pods' uid.
+    chmod(&dir, 0o755);
+    eprintln!("dataplane: {version}; working in {}", dir.display());
+    let www = dir.join("www");
+    make_content(&www);
+    let hosts = hosts_file(&dir);
+    let setup = Setup {
+        hosts,
+        www,
+        user: isolated.then_some(POD_USER),
+        isolated,
+        wrk_seconds: args.wrk_seconds,
+        wrk_rounds: args.wrk_rounds.max(1),
+        only: args.only.clone(),
+        has_wrk,
+    };
+    let direct = start_direct(&dir, &setup.www);
+
+    let mut columns: Vec<(&str, PathBuf)> = Vec::new();
+    if let Some(before) = &args.before {
+        columns.push(("before", before.clone()));
+    }
+    columns.push(("after", after));
+    let mut results: BTreeMap<&str, Column> = BTreeMap::new();
+    for (name, binary) in &columns {
+        eprintln!("dataplane: column {name}: {}", binary.display());
+        let column_dir = dir.join(name);
+        std::fs::create_dir_all(&column_dir).expect("a column directory");
+        chmod(&column_dir, 0o755);
+        let figures = match Cdn::start(&setup, binary, &column_dir) {
+            Ok(mut cdn) => {
+                let figures = cdn.run_rows(&setup);
+                drop(cdn);
+                figures
+            }
+            Err(error) => {
+                eprintln!("dataplane: column {name}: {error}");
+                Vec::new()
+            }
+        };
+        results.insert(
+            *name,
+            Column {
+                binary: binary.clone(),
+                figures,
+            },
+        );
+    }
+    drop(direct);
+
+    let table = table(&results);
+    println!("{table}");
+    if let Some(path) = &args.json {
+        let document = json!({
+            "nginx": version,
+            "private_network_namespace": isolated,
+            "columns": results.iter().map(|(name, c)| (name.to_string(), c.to_json())).collect::<serde_json::Map<_, _>>(),
+            "table": table,
+        });
+        let text = serde_json::to_string_pretty(&document).expect("JSON");
+        if let Err(error) = std::fs::write(path, text + "\n") {
+            eprintln!("dataplane: writing {}: {error}", path.display());
+            return ExitCode::FAILURE;
+        }
+    }
+    if args.keep {
+        let kept = work.keep();
+        eprintln!("dataplane: kept {}", kept.display());
+    }
+    ExitCode::SUCCESS
+}
+
+/// What every column shares.
+struct Setup {
+    hosts: PathBuf,
+    www: PathBuf,
+    /// The pods' uid and gid; `None`: root.
+    user: Option<(u32, u32)>,
+    isolated: bool,
+    wrk_seconds: u64,
+    wrk_rounds: u32,
+    /// The rows to run; empty: all.
+    only: Vec<String>,
+    has_wrk: bool,
+}
+
+/// One measured line of the table.
+#[derive(Clone, Debug)]
+struct Figure {
+    id: &'static str,
+    what: &'static str,
+    target: &'static str,
+    /// The table's cell.
+    shown: String,
+    /// Whether the target is met; `None` without a target.
+    met: Option<bool>,
+    /// Everything measured, for --json.
+    data: Value,
+}
+
+fn figure(
+    id: &'static str,
+    what: &'static str,
+    target: &'static str,
+    shown: String,
+    met: Option<bool>,
+    data: Value,
+) -> Figure {
+    Figure {
+        id,
+        what,
+        target,
+        shown,
+        met,
+        data,
+    }
+}
+
+struct Column {
+    binary: PathBuf,
+    figures: Vec<Figure>,
+}
+
+impl Column {
+    fn to_json(&self) -> Value {
+        json!({
+            "binary": self.binary.display().to_string(),
+            "rows": self.figures.iter().map(|f| (f.id.to_string(), json!({
+                "what": f.what,
+                "target": f.target,
+                "shown": f.shown,
+                "met": f.met,
+                "data": f.data,
+            }))).collect::<serde_json::Map<_, _>>(),
+        })
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The CDN under test: its rendered configuration, and the pods and origin running it.
+
+/// What the binary renders for one CdnCluster: its ConfigMap's files and its Deployment.
+#[derive(Clone, Debug)]
+struct Desired {
+    files: BTreeMap<String, String>,
+    deployment: Deployment,
+}
+
+/// The topology; `valid`: a `cache.valid` given to both caches (a change of their configuration).
+fn topology(valid: Option<&str>) -> String {
+    let cache = valid
+        .map(|v| format!("  cache: {{valid: {v}}}\n"))
+        .unwrap_or_default();
+    let mut yaml = String::from(
+        "apiVersion: cluster.anevia.com/v1\nkind: CdnCluster\nmetadata: {name: edge, namespace: default}\n\
+         spec:\n  role: balancer\n  sources:\n  - name: cache-1\n  - name: cache-2\n",
+    );
+    for name in ["cache-1", "cache-2"] {
+        yaml.push_str(&format!(
+            "---\napiVersion: cluster.anevia.com/v1\nkind: CdnCluster\nmetadata: {{name: {name}, namespace: default}}\n\
+             spec:\n  role: cache\n{cache}  sources:\n  - name: origin\n    origin: {{service: {{name: origin, port: 8080}}}}\n"
+        ));
+    }
+    yaml
+}
+
+/// `binary render -f` of the topology (written to `dir`/`file`): the children of each CdnCluster.
+fn render(
+    binary: &Path,
+    dir: &Path,
+    file: &str,
+    valid: Option<&str>,
+) -> Result<BTreeMap<String, Desired>, String> {
+    let path = dir.join(file);
+    std::fs::write(&path, topology(valid))
+        .map_err(|e| format!("writing {}: {e}", path.display()))?;
+    let out = Command::new(binary)
+        .args(["render", "-f"])
+        .arg(&path)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("running {}: {e}", binary.display()))?;
+    if !out.status.success() {
+        return Err(format!(
+            "{} render: {}\n{}",
+            binary.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut files: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
+    let mut deployments: BTreeMap<String, Deployment> = BTreeMap::new();
+    for document in serde_yaml::Deserializer::from_str(&text) {
+        let value =
+            serde_yaml::Value::deserialize(document).map_err(|e| format!("render's YAML: {e}"))?;
+        let name = value["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        match value["kind"].as_str() {
+            Some("ConfigMap") => {
+                let data: BTreeMap<String, String> = serde_yaml::from_value(value["data"].clone())
+                    .map_err(|e| format!("ConfigMap {name}: {e}"))?;
+                files.insert(name.trim_end_matches("-nginx").to_string(), data);
+            }
+            Some("Deployment") => {
+                let deployment: Deployment =
+                    serde_yaml::from_value(value).map_err(|e| format!("Deployment {name}: {e}"))?;
+                deployments.insert(name.trim_end_matches("-deployment").to_string(), deployment);
+            }
+            _ => {}
+        }
+    }
+    let mut desired = BTreeMap::new();
+    for (cluster, _) in PODS {
+        let files = files
+            .remove(cluster)
+            .ok_or_else(|| format!("render gave no ConfigMap {cluster}-nginx"))?;
+        if !files.contains_key("nginx.conf") {
+            return Err(format!("ConfigMap {cluster}-nginx has no nginx.conf"));
+        }
+        let deployment = deployments
+            .remove(cluster)
+            .ok_or_else(|| format!("render gave no Deployment {cluster}-deployment"))?;
+        desired.insert(cluster.to_string(), Desired { files, deployment });
+    }
+    Ok(desired)
+}
+
+/// The generated configuration with its one change: `listen 8080;` → `listen IP:80;`.
+fn on_loopback(conf: &str, ip: &str) -> Result<String, String> {
+    let listens = conf.lines().filter(|l| l.trim() == "listen 8080;").count();
+    if listens != 1 {
+        return Err(format!(
+            "{listens} lines `listen 8080;` in the generated configuration, not 1"
+        ));
+    }
+    Ok(conf
+        .lines()
+        .map(|l| {
+            if l.trim() == "listen 8080;" {
+                l.replace("listen 8080;", &format!("listen {ip}:80;"))
+            } else {
+                l.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+        + if conf.ends_with('\n') { "\n" } else { "" })
+}
+
+/// Writes `files` into `dir` as the kubelet projects a ConfigMap volume: the files in a directory
+/// of this `generation`, `..data` a symlink to it, each key a symlink through `..data`. A new
+/// generation switches all the files at once: a new `..data` link renamed over the old one.
+fn project(dir: &Path, files: &BTreeMap<String, String>, generation: u32) -> io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    chmod(dir, 0o755);
+    let version = format!("..gen_{generation}");
+    let data = dir.join(&version);
+    std::fs::create_dir_all(&data)?;
+    chmod(&data, 0o755);
+    for (key, text) in files {
+        let path = data.join(key);
+        std::fs::write(&path, text)?;
+        chmod(&path, 0o644);
+    }
+    let link = dir.join("..data_tmp");
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(&version, &link)?;
+    std::fs::rename(&link, dir.join("..data"))?;
+    for key in files.keys() {
+        let path = dir.join(key);
+        if path.symlink_metadata().is_err() {
+            std::os::unix::fs::symlink(format!("..data/{key}"), &path)?;
+        }
+    }
+    // The kubelet removes the previous generation once switched.
+    for entry in std::fs::read_dir(dir)?.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with("..gen_") && name != version {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+    Ok(())
+}
+
+/// A running pod of a CdnCluster.
+struct Pod {
+    nginx: Nginx,
+    /// Its ConfigMap volume, and the generation projected there.
+    config: PathBuf,
+    generation: u32,
+    /// nginx's error log (the container's standard error; its access log, the standard output, is
+    /// `stdout.log` beside it).
+    stderr: PathBuf,
+}
+
+/// Starts `cluster` as its pod: the Deployment's volumes and command, the ConfigMap's files (the
+/// listen line moved to `ip`:80), a fresh tmpfs at each emptyDir. `incarnation` numbers the pods of
+/// a cluster (each has directories of its own). Call from the main thread (bubblewrap's
+/// --die-with-parent follows the spawning thread).
+fn start_pod(
+    setup: &Setup,
+    dir: &Path,
+    cluster: &str,
+    ip: &str,
+    desired: &Desired,
+    incarnation: u32,
+) -> Result<Pod, String> {
+    let pod_dir = dir.join(format!("{cluster}-pod{incarnation}"));
+    let config = pod_dir.join("config");
+    let logs = pod_dir.join("logs");
+    std::fs::create_dir_all(&logs).map_err(|e| e.to_string())?;
+    chmod(&pod_dir, 0o755);
+    let files = pod_files(desired, ip)?;
+    project(&config, &files, 1).map_err(|e| format!("projecting {}: {e}", config.display()))?;
+
+    let spec = desired
+        .deployment
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.spec.as_ref())
+        .ok_or("the Deployment has no pod template")?;
+    let container = spec.containers.first().ok_or("the pod has no container")?;
+    let volumes = spec.volumes.as_deref().unwrap_or_default();
+    let mut sandbox = Sandbox::read_only_root().hosts(&setup.hosts);
+    for mount in container.volume_mounts.as_deref().unwrap_or_default() {
+        let volume = volumes
+            .iter()
+            .find(|v| v.name == mount.name)
+            .ok_or_else(|| format!("no volume {}", mount.name))?;
+        if volume.empty_dir.is_some() {
+            sandbox = sandbox.empty_dir(&mount.mount_path);
+        } else if volume.config_map.is_some() {
+            sandbox = sandbox.read_only(&config, &mount.mount_path);
+        } else {
+            return Err(format!(
+                "volume {} is neither an emptyDir nor the ConfigMap",
+                volume.name
+            ));
+        }
+    }
+    if let Some((uid, gid)) = setup.user {
+        sandbox = sandbox.user(uid, gid);
+    }
+    let mut argv: Vec<String> = container.command.clone().unwrap_or_default();
+    argv.extend(container.args.clone().unwrap_or_default());
+    if argv.is_empty() {
+        return Err("the container has no command".into());
+    }
+    // The container's command word for word; its standard output (the access log) and error (the
+    // error log, run.sh's messages) to files, as a container runtime keeps them.
+    let command = sandbox.command(&argv);
+    // nginx reopens /dev/stdout by its /proc path: the pod's uid must be able to write to it.
+    let stdout = logs.join("stdout.log");
+    std::fs::write(&stdout, "").map_err(|e| e.to_string())?;
+    chmod(&stdout, 0o666);
+    let nginx = Nginx::spawn_logging(
+        &format!("{cluster}-pod{incarnation}"),
+        command,
+        &logs.join("stderr.log"),
+        &stdout,
+    );
+    let stderr = logs.join("stderr.log");
+    nginx.wait_listening(&format!("{ip}:80"), &files["nginx.conf"]);
+    Ok(Pod {
+        nginx,
+        config,
+        generation: 1,
+        stderr,
+    })
+}
+
+/// The ConfigMap's files as the pod at `ip` gets them: nginx.conf with its listen line moved.
+fn pod_files(desired: &Desired, ip: &str) -> Result<BTreeMap<String, String>, String> {
+    let mut files = desired.files.clone();
+    let conf = on_loopback(&files["nginx.conf"], ip)?;
+    files.insert("nginx.conf".into(), conf);
+    Ok(files)
+}
+
+/// The origin's access log: one line per request, `$msec|$request|$status|$bytes_sent|$connection|
+/// $http_range|$host`.
+struct OriginLog {
+    path: PathBuf,
+}
+
+#[derive(Clone, Debug)]
+struct Entry {
+    method: String,
+    path: String,
+    status: u16,
+    bytes: u64,
+    connection: u64,
+    range: String,
+}
+
+impl OriginLog {
+    /// Where the log ends now.
+    fn mark(&self) -> u64 {
+        std::fs::metadata(&self.path).map(|m| m.len()).unwrap_or(0)
+    }
+
+    /// The requests logged after `mark` whose path starts with `prefix`, once the log has stopped
+    /// growing for `quiet` (at most 20 s): a request is logged when it ends.
+    fn settle(&self, mark: u64, prefix: &str, quiet: Duration) -> Vec<Entry> {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let mut len = self.mark();
+        let mut since = Instant::now();
+        while Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+            let now = self.mark();
+            if now != len {
+                len = now;
+                since = Instant::now();
+            } else if since.elapsed() >= quiet {
+                break;
+            }
+        }
+        self.since(mark)
+            .into_iter()
+            .filter(|e| e.path.starts_with(prefix))
+            .collect()
+    }
+
+    fn since(&self, mark: u64) -> Vec<Entry> {
+        let mut text = Vec::new();
+        if let Ok(mut file) = std::fs::File::open(&self.path) {
+            use std::io::Seek;
+            let _ = file.seek(io::SeekFrom::Start(mark));
+            let _ = file.read_to_end(&mut text);
+        }
+        String::from_utf8_lossy(&text)
+            .lines()
+            .filter_map(|line| {
+                let f: Vec<&str> = line.split('|').collect();
+                if f.len() < 7 {
+                    return None;
+                }
+                let mut request = f[1].split(' ');
+                Some(Entry {
+                    method: request.next()?.to_string(),
+                    path: request.next()?.to_string(),
+                    status: f[2].parse().ok()?,
+                    bytes: f[3].parse().ok()?,
+                    connection: f[4].parse().ok()?,
+                    range: f[5].to_string(),
+                })
+            })
+            .collect()
+    }
+}
+
+/// The origin's configuration (one process, as testkit runs it).
+fn origin_config(www: &Path, dir: &Path, log: &Path) -> String {
+    let (www, tmp, log) = (www.display(), dir.display(), log.display());
+    format!(
+        "pid {tmp}/origin.pid;\n\
+         events {{ worker_connections 4096; }}\n\
+         http {{\n\
+         \x20 default_type application/octet-stream;\n\
+         \x20 client_body_temp_path {tmp}/o-cb; proxy_temp_path {tmp}/o-p; fastcgi_temp_path {tmp}/o-f;\n\
+         \x20 uwsgi_temp_path {tmp}/o-u; scgi_temp_path {tmp}/o-s;\n\
+         \x20 log_format bench '$msec|$request|$status|$bytes_sent|$connection|$http_range|$host';\n\
+         \x20 access_log {log} bench;\n\
+         \x20 sendfile on;\n\
+         \x20 keepalive_requests 100000;\n\
+         \x20 keepalive_timeout 65s;\n\
+         \x20 server {{\n\
+         \x20   listen {ORIGIN};\n\
+         \x20   root {www};\n\
+         \x20   location /obj/ {{ rewrite ^ /1k.bin break; }}\n\
+         \x20   location /big/ {{ rewrite ^ /50m.bin break; }}\n\
+         \x20   location /slow/ {{ limit_rate 128k; rewrite ^ /64k.bin break; }}\n\
+         \x20   location /nocache/ {{ add_header Cache-Control no-cache; rewrite ^ /1k.bin break; }}\n\
+         \x20   location /err/ {{ return 503 \"origin failure\\n\"; }}\n\
+         \x20   location /site/ {{ root {www}/sites/$host; }}\n\
+         \x20 }}\n\
+         \x20 server {{\n\
+         \x20   listen {ORIGIN_STATUS};\n\
+         \x20   access_log off;\n\
+         \x20   location / {{ stub_status; }}\n\
+         \x20 }}\n\
+         }}\n"
+    )
+}
+
+/// The 1 KiB file served directly: the generated configurations' http settings, no proxy.
+fn start_direct(dir: &Path, www: &Path) -> Nginx {
+    let (tmp, www) = (dir.display(), www.display());
+    let conf = format!(
+        "worker_processes auto;\n\
+         pid {tmp}/direct.pid;\n\
+         events {{ worker_connections 4096; }}\n\
+         http {{\n\
+         \x20 default_type application/octet-stream;\n\
+         \x20 client_body_temp_path {tmp}/d-cb; proxy_temp_path {tmp}/d-p; fastcgi_temp_path {tmp}/d-f;\n\
+         \x20 uwsgi_temp_path {tmp}/d-u; scgi_temp_path {tmp}/d-s;\n\
+         \x20 access_log {tmp}/direct.access.log combined buffer=64k flush=1s;\n\
+         \x20 server_tokens off;\n\
+         \x20 sendfile on;\n\
+         \x20 tcp_nopush on;\n\
+         \x20 keepalive_timeout 65s;\n\
+         \x20 keepalive_requests 10000;\n\
+         \x20 server {{ listen {DIRECT}; root {www}; }}\n\
+         }}\n"
+    );
+    let file = dir.join("direct.conf");
+    std::fs::write(&file, &conf).expect("writing direct.conf");
+    let command = Sandbox::new().share(dir).nginx(&[
+        "-e".as_ref(),
+        "stderr".as_ref(),
+        "-c".as_ref(),
+        file.as_os_str(),
+        "-g".as_ref(),
+        "daemon off;".as_ref(),
+    ]);
+    let server = Nginx::spawn("direct", command, &dir.join("direct.log"));
+    server.wait_listening(DIRECT, &conf);
+    server
+}
+
+struct Cdn {
+    dir: PathBuf,
+    desired: BTreeMap<String, Desired>,
+    binary: PathBuf,
+    origin: Nginx,
+    log: OriginLog,
+    pods: BTreeMap<String, Pod>,
+    incarnations: BTreeMap<String, u32>,
+}
+
+impl Cdn {
+    /// Renders the topology with `binary` and starts the origin and the three pods.
+    fn start(setup: &Setup, binary: &Path, dir: &Path) -> Result<Cdn, String> {
+        let desired = render(binary, dir, "topology.yaml", None)?;
+        let log = dir.join("origin.access.log");
+        std::fs::write(&log, "").map_err(|e| e.to_string())?;
+        let conf = origin_config(&setup.www, dir, &log);
+        let origin = Nginx::start(
+            &Sandbox::new().share(&setup.www),
+            "origin",
+            &conf,
+            dir,
+            ORIGIN,
+        );
+        let mut cdn = Cdn {
+            dir: dir.to_path_buf(),
+            desired,
+            binary: binary.to_path_buf(),
+            origin,
+            log: OriginLog { path: log },
+            pods: BTreeMap::new(),
+            incarnations: BTreeMap::new(),
+        };
+        // Sources first, as the operator waits for them.
+        for (cluster, _) in PODS.iter().rev() {
+            cdn.restart_pod(setup, cluster)?;
+        }
+        Ok(cdn)
+    }
+
+    /// Replaces the pod of `cluster` with a new one (fresh emptyDirs), or starts it.
+    fn restart_pod(&mut self, setup: &Setup, cluster: &str) -> Result<(), String> {
+        if let Some(pod) = self.pods.remove(cluster) {
+            pod.nginx.stop();
+        }
+        let ip = PODS.iter().find(|(c, _)| *c == cluster).expect("a pod").1;
+        let n = self.incarnations.entry(cluster.to_string()).or_insert(0);
+        *n += 1;
+        let pod = start_pod(setup, &self.dir, cluster, ip, &self.desired[cluster], *n)?;
+        self.pods.insert(cluster.to_string(), pod);
+        Ok(())
+    }
+
+    /// Applies a new rendering as Kubernetes would: a cluster whose pod template changed gets a
+    /// new pod (new emptyDirs: an empty cache); one whose ConfigMap alone changed gets the new
+    /// files in its volume (the kubelet's `..data` switch), and, when the ConfigMap has `run.sh`,
+    /// waits for it to reload nginx. What was done, per cluster.
+    fn apply(
+        &mut self,
+        setup: &Setup,
+        desired: BTreeMap<String, Desired>,
+    ) -> BTreeMap<String, String> {
+        let mut done = BTreeMap::new();
+        let old = std::mem::replace(&mut self.desired, desired);
+        for (cluster, ip) in PODS {
+            let (before, after) = (&old[cluster], &self.desired[cluster]);
+            let template = |d: &Desired| {
+                serde_json::to_string(&d.deployment.spec.as_ref().map(|s| &s.template))
+                    .unwrap_or_default()
+            };
+            let what = if template(before) != template(after) {
+                match self.restart_pod(setup, cluster) {
+                    Ok(()) => "pod template changed: pod replaced (empty cache)".to_string(),
+                    Err(e) => format!("pod template changed, new pod failed: {e}"),
+                }
+            } else if before.files != after.files {
+                let pod = self.pods.get_mut(cluster).expect("a pod");
+                let reloads = count(&read(&pod.stderr), "reloading nginx");
+                let workers = count(&read(&pod.stderr), "start worker process");
+                pod.generation += 1;
+                let projected = pod_files(after, ip).and_then(|files| {
+                    project(&pod.config, &files, pod.generation).map_err(|e| e.to_string())
+                });
+                match projected {
+                    Err(e) => format!("ConfigMap changed, not projected: {e}"),
+                    Ok(()) if after.files.contains_key("run.sh") => {
+                        let started = Instant::now();
+                        let reloaded = wait_for(Duration::from_secs(10), || {
+                            let log = read(&pod.stderr);
+                            count(&log, "reloading nginx") > reloads
+                                && count(&log, "start worker process") > workers
+                        });
+                        // The new workers take the listening sockets; the old ones finish.
+                        std::thread::sleep(Duration::from_millis(300));
+                        if reloaded {
+                            format!(
+                                "ConfigMap changed: run.sh reloaded nginx in place ({:.1} s)",
+                                started.elapsed().as_secs_f64()
+                            )
+                        } else {
+                            "ConfigMap changed: run.sh did not reload nginx within 10 s".to_string()
+                        }
+                    }
+                    Ok(()) => "ConfigMap changed: nothing reloads nginx".to_string(),
+                }
+            } else {
+                "unchanged".to_string()
+            };
+            done.insert(cluster.to_string(), what);
+        }
+        done
+    }
+
+    /// The rows, in order (those of `--only`, when given). After each of the rows that make the
+    /// origin fail (4, 5, 6), a fresh balancer pod.
+    fn run_rows(&mut self, setup: &Setup) -> Vec<Figure> {
+        type Row = fn(&mut Cdn, &Setup) -> Vec<Figure>;
+        let rows: [(&str, Row, bool); 14] = [
+            ("1", |c, s| c.row1_connections(s), false),
+            ("2", |c, s| c.row2_throughput(s), false),
+            ("3", |c, _| c.row3_hosts(), false),
+            ("4", |c, _| c.row4_quick_errors(), true),
+            ("5", |c, _| c.row5_steady_errors(), true),
+            ("6", |c, _| c.row6_hung_origin(), true),
+            ("7", |c, _| c.row7_cold_range(), false),
+            ("8", |c, _| c.row8_concurrent_ranges(), false),
+            ("9", |c, _| c.row9_uncacheable(), false),
+            ("10", |c, _| c.row10_missing(), false),
+            ("11", |c, s| c.row11_live_manifest(s), false),
+            ("12", |c, _| c.row12_collapsed_misses(), false),
+            ("13", |c, _| c.row13_head(), false),
+            ("14", |c, s| c.row14_config_change(s), false),
+        ];
+        let mut figures = Vec::new();
+        for (id, row, resets) in rows {
+            if !setup.only.is_empty() && !setup.only.iter().any(|o| o == id) {
+                continue;
+            }
+            eprintln!("dataplane:   row {id}");
+            figures.extend(row(self, setup));
+            if resets {
+                self.reset_balancer(setup);
+            }
+        }
+        if setup.only.is_empty() || setup.only.iter().any(|o| o == "15") {
+            figures.push(figure(
+                "15",
+                "fetches per object from the origin, 3-replica cache cluster",
+                "1",
+                "not measured: replicas do not form a ring yet".into(),
+                None,
+                Value::Null,
+            ));
+        }
+        figures
+    }
+
+    /// A fresh balancer pod: forgets the members it left out.
+    fn reset_balancer(&mut self, setup: &Setup) {
+        if let Err(e) = self.restart_pod(setup, "edge") {
+            eprintln!("dataplane: restarting the balancer: {e}");
+        }
+    }
+
+    /// Row 1: 500 sequential misses (500 distinct 1 KiB objects) over ONE keep-alive client
+    /// connection to the balancer. Origin connections: stub_status's accepted count, before and
+    /// after. The balancer's connections to the caches: the kernel's PassiveOpens in the benchmark's
+    /// own network namespace over the loop, less the client's and the origin's connections.
+    fn row1_connections(&mut self, setup: &Setup) -> Vec<Figure> {
+        let mark = self.log.mark();
+        let accepts_0 = origin_accepts();
+        let opens_0 = passive_opens(setup);
+        let mut client = Client::new(EDGE);
+        let mut failures = Failures::default();
+        for i in 0..500 {
+            failures.check(client.get(&format!("/obj/r1-{i}"), HOST), 200);
+        }
+        let opens_1 = passive_opens(setup);
+        let accepts_1 = origin_accepts();
+        let entries = self
+            .log
+            .settle(mark, "/obj/r1-", Duration::from_millis(300));
+        // The second stub_status read counts its own connection.
+        let origin_connections = match (accepts_0, accepts_1) {
+            (Some(a), Some(b)) => Some(b.saturating_sub(a).saturating_sub(1)),
+            _ => None,
+        };
+        let distinct: BTreeSet<u64> = entries.iter().map(|e| e.connection).collect();
+        let cache_connections = match (opens_0, opens_1, origin_connections) {
+            (Some(a), Some(b), Some(o)) => Some((b - a).saturating_sub(client.connects + o)),
+            _ => None,
+        };
+        let shown = match origin_connections {
+            Some(n) => format!(
+                "{n} conns ({} requests{})",
+                entries.len(),
+                failures.suffix()
+            ),
+            None => "not measured (stub_status unreadable)".into(),
+        };
+        vec![
+            figure(
+                "1a",
+                "origin TCP connections, 500 sequential misses (1 client keep-alive conn)",
+                "<= 10",
+                shown,
+                origin_connections.map(|n| n <= 10),
+                json!({
+                    "origin_connections_accepted": origin_connections,
+                    "origin_connections_in_log": distinct.len(),
+                    "origin_requests": entries.len(),
+                    "client_connections": client.connects,
+                    "failed": failures.to_json(),
+                }),
+            ),
+            figure(
+                "1b",
+                "TCP connections accepted by the caches from the balancer, same loop",
+                "-",
+                match cache_connections {
+                    Some(n) => format!("{n} conns"),
+                    None => "not measured (no private network namespace)".into(),
+                },
+                None,
+                json!({ "cache_connections_accepted": cache_connections }),
+            ),
+        ]
+    }
+
+    /// Row 2: a cached 1 KiB object, `wrk -t1 -c50` through balancer -> cache, against the same
+    /// file served directly. Rounds of three runs back to back (direct, through the balancer, its
+    /// cache asked directly: the member `X-Cdn-Upstream` names), `--wrk-rounds` of them (2 by
+    /// default); each round's ratio is of runs seconds apart, which share the machine's load of the
+    /// moment; the figure is the median of the rounds' ratios. 2b splits the cost between the two
+    /// hops (informational).
+    fn row2_throughput(&mut self, setup: &Setup) -> Vec<Figure> {
+        let what = "req/s, cached 1 KiB: balancer->cache / nginx direct (wrk -t1 -c50)";
+        let what_b = "req/s, same object asked of its cache directly / nginx direct";
+        if !setup.has_wrk {
+            return vec![figure(
+                "2",
+                what,
+                ">= 0.65",
+                "not measured: no wrk".into(),
+                None,
+                Value::Null,
+            )];
+        }
+        let path = "/obj/r2-1k";
+        let mut member = None;
+        let warmed = (0..5).any(|_| {
+            Client::once(EDGE, "GET", path, &[("Host", HOST)]).is_ok_and(|r| {
+                member = r.header("X-Cdn-Upstream").map(str::to_string);
+                r.status == 200 && r.header("X-Cache-Status") == Some("HIT")
+            })
+        });
+        let member = member.unwrap_or_else(|| "127.0.0.11:80".into());
+        let seconds = setup.wrk_seconds;
+        let urls = [
+            format!("http://{DIRECT}/1k.bin"),
+            format!("http://{EDGE}{path}"),
+            format!("http://{member}{path}"),
+        ];
+        let mut rounds: Vec<[Option<f64>; 3]> = Vec::new();
+        let mut errors = Vec::new();
+        for _ in 0..setup.wrk_rounds {
+            let mut round = [None; 3];
+            for (url, rps) in urls.iter().zip(round.iter_mut()) {
+                match wrk(url, seconds) {
+                    Ok(run) => {
+                        if run.errors > 0 {
+                            errors.push(format!("{url}: {} errors", run.errors));
+                        }
+                        *rps = Some(run.rps);
+                    }
+                    Err(e) => errors.push(format!("{url}: {e}")),
+                }
+            }
+            rounds.push(round);
+        }
+        let ratios = |i: usize| -> Vec<f64> {
+            rounds
+                .iter()
+                .filter_map(|r| match (r[0], r[i]) {
+                    (Some(d), Some(x)) if d > 0.0 => Some(x / d),
+                    _ => None,
+                })
+                .collect()
+        };
+        let column = |i: usize| -> Vec<f64> { rounds.iter().filter_map(|r| r[i]).collect() };
+        let (through, alone) = (ratios(1), ratios(2));
+        let (ratio, ratio_alone) = (median(&through), median(&alone));
+        let shown =
+            |ratio: Option<f64>, i: usize| match (ratio, median(&column(i)), median(&column(0))) {
+                (Some(r), Some(x), Some(d)) => format!(
+                    "{r:.2} ({x:.0} / {d:.0}){}{}",
+                    if warmed { "" } else { ", not a HIT" },
+                    if errors.is_empty() { "" } else { ", errors" }
+                ),
+                _ => format!("not measured: {}", errors.join("; ")),
+            };
+        vec![
+            figure(
+                "2",
+                what,
+                ">= 0.65",
+                shown(ratio, 1),
+                ratio.map(|r| r >= 0.65),
+                json!({
+                    "direct_rps": column(0),
+                    "proxied_rps": column(1),
+                    "ratios_by_round": through,
+                    "median_ratio": ratio,
+                    "warmed_hit": warmed,
+                    "errors": errors,
+                    "wrk_seconds": seconds,
+                }),
+            ),
+            figure(
+                "2b",
+                what_b,
+                "-",
+                shown(ratio_alone, 2),
+                None,
+                json!({
+                    "cache": member,
+                    "cache_rps": column(2),
+                    "ratios_by_round": alone,
+                    "median_ratio": ratio_alone,
+                }),
+            ),
+        ]
+    }
+
+    /// Row 3: `Host: customer-a` caches /site/page.html; then `Host: customer-b` asks for it.
+    fn row3_hosts(&mut self) -> Vec<Figure> {
+        let path = "/site/page.html";
+        let ask = |host: &str| Client::once(EDGE, "GET", path, &[("Host", host)]);
+        let a1 = ask("customer-a");
+        let a2 = ask("customer-a");
+        let b = ask("customer-b");
+        let body = |r: &io::Result<Response>| match r {
+            Ok(r) => String::from_utf8_lossy(&r.body).trim().to_string(),
+            Err(e) => format!("error: {e}"),
+        };
+        let status = |r: &io::Result<Response>| match r {
+            Ok(r) => r.header("X-Cache-Status").unwrap_or("-").to_string(),
+            Err(_) => "-".into(),
+        };
+        let a_body = body(&a1);
+        let b_body = body(&b);
+        let cross = b.is_ok() && b_body == a_body;
+        let shown = format!(
+            "{} (b got {}, {})",
+            u8::from(cross),
+            if cross {
+                "customer-a's body".to_string()
+            } else if b_body == "page of customer-b" {
+                "its own body".to_string()
+            } else {
+                b_body.clone()
+            },
+            status(&b)
+        );
+        vec![figure(
+            "3",
+            "cross-host hits: customer-b after customer-a cached the path",
+            "0",
+            shown,
+            Some(!cross),
+            json!({
+                "customer_a": [body(&a1), status(&a1), status(&a2)],
+                "customer_b": [b_body, status(&b)],
+                "cross_host_hits": u8::from(cross),
+            }),
+        )]
+    }
+
+    /// Row 4: 20 segments cached, then 3 quick origin 503s through the balancer, then the 20
+    /// segments again: failed requests.
+    fn row4_quick_errors(&mut self) -> Vec<Figure> {
+        let segments: Vec<String> = (500..520).map(segment).collect();
+        warm(&segments);
+        let errors: Vec<String> = (0..3)
+            .map(
+                |k| match Client::once(EDGE, "GET", &format!("/err/r4-{k}"), &[("Host", HOST)]) {
+                    Ok(r) => r.status.to_string(),
+                    Err(e) => e.kind().to_string(),
+                },
+            )
+            .collect();
+        let mut failures = Failures::default();
+        for path in &segments {
+            failures.check(Client::once(EDGE, "GET", path, &[("Host", HOST)]), 200);
+        }
+        vec![figure(
+            "4",
+            "failed of 20 cached segments after 3 quick origin 503s",
+            "0",
+            format!("{}/20 failed{}", failures.count, failures.detail()),
+            Some(failures.count == 0),
+            json!({ "origin_errors_seen": errors, "failed": failures.to_json() }),
+        )]
+    }
+
+    /// Row 5: one origin 503 a second (an unrelated URL) for 5 s, while 75 requests for cached
+    /// segments are spread over the same 5 s (each on its own connection).
+    fn row5_steady_errors(&mut self) -> Vec<Figure> {
+        let segments: Vec<String> = (520..595).map(segment).collect();
+        warm(&segments);
+        let started = Instant::now();
+        let failures = std::thread::scope(|s| {
+            let errors = s.spawn(|| {
+                for k in 0..5u32 {
+                    let _ = Client::once(EDGE, "GET", &format!("/err/r5-{k}"), &[("Host", HOST)]);
+                    sleep_until(started + Duration::from_secs(u64::from(k) + 1));
+                }
+            });
+            let mut failures = Failures::default();
+            for (i, path) in segments.iter().enumerate() {
+                sleep_until(started + Duration::from_millis(i as u64 * 5000 / 75));
+                failures.check(Client::once(EDGE, "GET", path, &[("Host", HOST)]), 200);
+            }
+            let _ = errors.join();
+            failures
+        });
+        vec![figure(
+            "5",
+            "failed of 75 cached requests during an origin 503 a second (5 s)",
+            "0",
+            format!("{}/75 failed{}", failures.count, failures.detail()),
+            Some(failures.count == 0),
+            json!({ "failed": failures.to_json(), "seconds": started.elapsed().as_secs_f64() }),
+        )]
+    }
+
+    /// Row 6: 100 segments cached; the origin hung (SIGSTOP to all its processes); the 100 asked
+    /// again, 10 threads, 30 s timeout each; SIGCONT.
+    fn row6_hung_origin(&mut self) -> Vec<Figure> {
+        let segments: Vec<String> = (600..700).map(segment).collect();
+        warm(&segments);
+        self.origin.signal_all(libc::SIGSTOP);
+        let started = Instant::now();
+        let results = parallel(segments.len(), 10, |i| {
+            let t = Instant::now();
+            let r = Client::once(EDGE, "GET", &segments[i], &[("Host", HOST)]);
+            (r, t.elapsed())
+        });
+        let elapsed = started.elapsed();
+        self.origin.signal_all(libc::SIGCONT);
+        let mut failures = Failures::default();
+        let slowest = results.iter().map(|(_, t)| *t).max().unwrap_or_default();
+        for (r, _) in results {
+            failures.check(r, 200);
+        }
+        vec![figure(
+            "6",
+            "failed of 100 cached requests, origin hung (SIGSTOP)",
+            "0",
+            format!(
+                "{}/100 failed (slowest {:.2} s){}",
+                failures.count,
+                slowest.as_secs_f64(),
+                failures.detail()
+            ),
+            Some(failures.count == 0),
+            json!({
+                "failed": failures.to_json(),
+                "slowest_s": slowest.as_secs_f64(),
+                "row_s": elapsed.as_secs_f64(),
+            }),
+        )]
+    }
+
+    /// Row 7: the last 1 MB of a cold 50 MB object: time to its first byte, bytes the origin sent.
+    fn row7_cold_range(&mut self) -> Vec<Figure> {
+        let mark = self.log.mark();
+        let (first, last) = (BIG - RANGE, BIG - 1);
+        let range = format!("bytes={first}-{last}");
+        let r = Client::once(
+            EDGE,
+            "GET",
+            "/big/r7.bin",
+            &[("Host", HOST), ("Range", range.as_str())],
+        );
+        let entries = self
+            .log
+            .settle(mark, "/big/r7", Duration::from_millis(1000));
+        let origin_bytes: u64 = entries.iter().map(|e| e.bytes).sum();
+        let (ttfb, ok, status) = match &r {
+            Ok(r) => (
+                Some(r.ttfb.as_secs_f64()),
+                r.status == 206 && r.body.len() as u64 == RANGE,
+                r.status.to_string(),
+            ),
+            Err(e) => (None, false, e.to_string()),
+        };
+        let budget = 2 * (SLICE + SLICE_HEADERS);
+        vec![
+            figure(
+                "7a",
+                "cold range (last 1 MB of 50 MB): time to first byte",
+                "<= 0.3 s",
+                match ttfb {
+                    Some(t) => format!("{t:.3} s{}", if ok { "" } else { " (wrong answer)" }),
+                    None => format!("failed: {status}"),
+                },
+                ttfb.map(|t| t <= 0.3 && ok),
+                json!({
+                    "ttfb_s": ttfb,
+                    "total_s": r.as_ref().ok().map(|r| r.elapsed.as_secs_f64()),
+                    "status": status,
+                    "right_206_body": ok,
+                }),
+            ),
+            figure(
+                "7b",
+                "cold range (last 1 MB of 50 MB): bytes sent by the origin",
+                "<= 2 slices (2 MiB + headers)",
+                format!("{} ({})", bytes(origin_bytes), requests(entries.len())),
+                Some(origin_bytes <= budget && !entries.is_empty()),
+                json!({
+                    "origin_bytes": origin_bytes,
+                    "origin_requests": entries.iter().map(|e| json!([e.method, e.status, e.range, e.bytes])).collect::<Vec<_>>(),
+                    "budget_bytes": budget,
+                }),
+            ),
+        ]
+    }
+
+    /// Row 8: 8 concurrent cold 1 MB ranges, at 8 places of another 50 MB object.
+    fn row8_concurrent_ranges(&mut self) -> Vec<Figure> {
+        let mark = self.log.mark();
+        let results = parallel(8, 8, |k| {
+            let first = k as u64 * 6_000_000;
+            let range = format!("bytes={first}-{}", first + RANGE - 1);
+            let r = Client::once(
+                EDGE,
+                "GET",
+                "/big/r8.bin",
+                &[("Host", HOST), ("Range", range.as_str())],
+            );
+            let ok = r
+                .as_ref()
+                .is_ok_and(|r| r.status == 206 && r.body.len() as u64 == RANGE);
+            (ok, r.map(|r| r.elapsed))
+        });
+        let entries = self
+            .log
+            .settle(mark, "/big/r8", Duration::from_millis(1000));
+        let origin_bytes: u64 = entries.iter().map(|e| e.bytes).sum();
+        let wrong = results.iter().filter(|(ok, _)| !ok).count();
+        let slowest = results
+            .iter()
+            .filter_map(|(_, r)| r.as_ref().ok().copied())
+            .max()
+            .unwrap_or_default();
+        vec![
+            figure(
+                "8a",
+                "8 concurrent cold 1 MB ranges of 50 MB: bytes sent by the origin",
+                "-",
+                format!(
+                    "{} ({}{})",
+                    bytes(origin_bytes),
+                    requests(entries.len()),
+                    if wrong > 0 {
+                        format!(", {wrong} wrong answers")
+                    } else {
+                        String::new()
+                    }
+                ),
+                None,
+                json!({
+                    "origin_bytes": origin_bytes,
+                    "origin_requests": entries.len(),
+                    "wrong_answers": wrong,
+                }),
+            ),
+            figure(
+                "8b",
+                "8 concurrent cold 1 MB ranges of 50 MB: slowest request",
+                "-",
+                format!("{:.3} s", slowest.as_secs_f64()),
+                None,
+                json!({ "slowest_s": slowest.as_secs_f64() }),
+            ),
+        ]
+    }
+
+    /// Row 9: 200 concurrent requests (each on its own connection) for one missing object, then
+    /// for one `Cache-Control: no-cache` object: median latency, origin requests.
+    fn row9_uncacheable(&mut self) -> Vec<Figure> {
+        let mut figures = Vec::new();
+        for (id, what, path, status) in [
+            (
+                "9a",
+                "200 concurrent requests for a 404: p50 latency, origin requests",
+                "/missing/r9.html",
+                404,
+            ),
+            (
+                "9b",
+                "200 concurrent requests, no-cache object: p50 latency, origin requests",
+                "/nocache/r9.bin",
+                200,
+            ),
+        ] {
+            let mark = self.log.mark();
+            let results = parallel(200, 200, |_| {
+                let t = Instant::now();
+                let r = Client::once(EDGE, "GET", path, &[("Host", HOST)]);
+                (r, t.elapsed())
+            });
+            let entries = self.log.settle(mark, path, Duration::from_millis(500));
+            let mut latencies: Vec<f64> = results
+                .iter()
+                .map(|(_, t)| t.as_secs_f64() * 1000.0)
+                .collect();
+            latencies.sort_by(f64::total_cmp);
+            let p50 = latencies[latencies.len() / 2];
+            let max = latencies.last().copied().unwrap_or_default();
+            let mut failures = Failures::default();
+            for (r, _) in results {
+                failures.check(r, status);
+            }
+            figures.push(figure(
+                id,
+                what,
+                "-",
+                format!(
+                    "p50 {p50:.0} ms, {} origin req{}",
+                    entries.len(),
+                    failures.suffix()
+                ),
+                None,
+                json!({
+                    "p50_ms": p50,
+                    "max_ms": max,
+                    "origin_requests": entries.len(),
+                    "failed": failures.to_json(),
+                }),
+            ));
+        }
+        figures
+    }
+
+    /// Row 10: 20 sequential requests (one keep-alive connection) for a missing object.
+    fn row10_missing(&mut self) -> Vec<Figure> {
+        let mark = self.log.mark();
+        let mut client = Client::new(EDGE);
+        let started = Instant::now();
+        let mut failures = Failures::default();
+        for _ in 0..20 {
+            failures.check(client.get("/missing/r10.html", HOST), 404);
+        }
+        let elapsed = started.elapsed();
+        let entries = self
+            .log
+            .settle(mark, "/missing/r10", Duration::from_millis(300));
+        vec![figure(
+            "10",
+            "origin requests for 20 sequential requests of a missing object",
+            "<= 2",
+            format!(
+                "{} (in {:.2} s{})",
+                entries.len(),
+                elapsed.as_secs_f64(),
+                failures.suffix()
+            ),
+            Some(entries.len() <= 2),
+            json!({
+                "origin_requests": entries.len(),
+                "seconds": elapsed.as_secs_f64(),
+                "failed": failures.to_json(),
+            }),
+        )]
+    }
+
+    /// Row 11: a live manifest (no Cache-Control, no Expires) cached; 1 s later a new version at
+    /// the origin; asked once a second: when the new version is served (at most 30 s).
+    fn row11_live_manifest(&mut self, setup: &Setup) -> Vec<Figure> {
+        let file = setup.www.join("live/r11.m3u8");
+        let path = "/live/r11.m3u8";
+        write_atomically(&file, "#EXTM3U\n#EXT-X-MEDIA-SEQUENCE:1\n#v1\n");
+        let first = Client::once(EDGE, "GET", path, &[("Host", HOST)]);
+        let second = Client::once(EDGE, "GET", path, &[("Host", HOST)]);
+        let cached = second
+            .as_ref()
+            .ok()
+            .and_then(|r| r.header("X-Cache-Status").map(str::to_string))
+            .unwrap_or_else(|| "-".into());
+        // Another second: nginx's Last-Modified has a resolution of one second.
+        std::thread::sleep(Duration::from_millis(1100));
+        write_atomically(
+            &file,
+            "#EXTM3U\n#EXT-X-MEDIA-SEQUENCE:2\n#v2 (a new segment)\n",
+        );
+        let changed = Instant::now();
+        let mut seen = None;
+        let mut polls = Vec::new();
+        while changed.elapsed() < Duration::from_secs(30) {
+            sleep_until(changed + Duration::from_secs(polls.len() as u64 + 1));
+            let r = Client::once(EDGE, "GET", path, &[("Host", HOST)]);
+            let new = r
+                .as_ref()
+                .is_ok_and(|r| String::from_utf8_lossy(&r.body).contains("#v2"));
+            polls.push(match &r {
+                Ok(r) => format!(
+                    "{} {}",
+                    if new { "v2" } else { "v1" },
+                    r.header("X-Cache-Status").unwrap_or("-")
+                ),
+                Err(e) => e.kind().to_string(),
+            });
+            if new {
+                seen = Some(changed.elapsed().as_secs_f64());
+                break;
+            }
+        }
+        vec![figure(
+            "11",
+            "live manifest without Cache-Control: seconds until a new version is served",
+            "-",
+            match seen {
+                Some(s) => format!("{s:.0} s"),
+                None => "> 30 s (frozen)".into(),
+            },
+            None,
+            json!({
+                "seconds": seen,
+                "first": first.as_ref().ok().and_then(|r| r.header("X-Cache-Status").map(str::to_string)),
+                "second": cached,
+                "polls": polls,
+            }),
+        )]
+    }
+
+    /// Row 12: 200 concurrent misses (each on its own connection) for one slow object (64 KiB sent
+    /// at 128 KiB/s, so the misses overlap): origin requests.
+    fn row12_collapsed_misses(&mut self) -> Vec<Figure> {
+        let mark = self.log.mark();
+        let path = "/slow/r12.bin";
+        let results = parallel(200, 200, |_| {
+            Client::once(EDGE, "GET", path, &[("Host", HOST)])
+        });
+        let entries = self.log.settle(mark, path, Duration::from_millis(500));
+        let mut failures = Failures::default();
+        for r in results {
+            failures.check(r, 200);
+        }
+        vec![figure(
+            "12",
+            "origin requests for 200 concurrent misses of one object",
+            "1",
+            format!("{}{}", entries.len(), failures.suffix()),
+            Some(entries.len() == 1),
+            json!({ "origin_requests": entries.len(), "failed": failures.to_json() }),
+        )]
+    }
+
+    /// Row 13: a HEAD of an uncached 50 MB object: bytes the origin sent.
+    fn row13_head(&mut self) -> Vec<Figure> {
+        let mark = self.log.mark();
+        let r = Client::once(EDGE, "HEAD", "/big/r13.bin", &[("Host", HOST)]);
+        let entries = self
+            .log
+            .settle(mark, "/big/r13", Duration::from_millis(1000));
+        let origin_bytes: u64 = entries.iter().map(|e| e.bytes).sum();
+        vec![figure(
+            "13",
+            "HEAD of an uncached 50 MB object: bytes sent by the origin",
+            "-",
+            format!(
+                "{} ({})",
+                bytes(origin_bytes),
+                entries
+                    .iter()
+                    .map(|e| e.method.clone())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            None,
+            json!({
+                "origin_bytes": origin_bytes,
+                "origin_requests": entries.iter().map(|e| json!([e.method, e.status, e.bytes])).collect::<Vec<_>>(),
+                "client_status": r.as_ref().map(|r| r.status).ok(),
+            }),
+        )]
+    }
+
+    /// Row 14: 200 segments warmed through the balancer; a pass over them (hit ratio); the
+    /// caches' configuration changed (`cache: {valid: 20m}`), rendered again and applied as
+    /// Kubernetes would ([`Cdn::apply`]); a second pass (hit ratio).
+    fn row14_config_change(&mut self, setup: &Setup) -> Vec<Figure> {
+        let segments: Vec<String> = (1000..1200).map(segment).collect();
+        let mut client = Client::new(EDGE);
+        let pass = |client: &mut Client| {
+            segments
+                .iter()
+                .filter(|p| {
+                    client
+                        .get(p, HOST)
+                        .is_ok_and(|r| r.status == 200 && r.header("X-Cache-Status") == Some("HIT"))
+                })
+                .count()
+        };
+        pass(&mut client);
+        let before = pass(&mut client);
+        let applied = match render(
+            &self.binary,
+            &self.dir,
+            "topology-changed.yaml",
+            Some("20m"),
+        ) {
+            Ok(desired) => {
+                let changed: Vec<&str> = PODS
+                    .iter()
+                    .filter(|(c, _)| self.desired[*c].files != desired[*c].files)
+                    .map(|(c, _)| *c)
+                    .collect();
+                let mut done = self.apply(setup, desired);
+                done.insert("configs changed".into(), changed.join(", "));
+                done
+            }
+            Err(e) => BTreeMap::from([("error".to_string(), e)]),
+        };
+        let mut client = Client::new(EDGE);
+        let after = pass(&mut client);
+        let (rb, ra) = (before as f64 / 2.0, after as f64 / 2.0);
+        vec![figure(
+            "14",
+            "hit ratio of 200 cached objects: before -> right after a config change",
+            "after >= 90 % of before",
+            format!("{rb:.0} % -> {ra:.0} %"),
+            Some(before > 0 && after as f64 >= 0.9 * before as f64),
+            json!({
+                "hits_before": before,
+                "hits_after": after,
+                "objects": segments.len(),
+                "applied": applied,
+            }),
+        )]
+    }
+}
+
+impl Drop for Cdn {
+    fn drop(&mut self) {
+        // The pods first (parents before sources), then the origin (its own Drop).
+        for (cluster, _) in PODS {
+            if let Some(pod) = self.pods.remove(cluster) {
+                pod.nginx.stop();
+            }
+        }
+    }
+}
+
+/// Asks for each path through the balancer (one keep-alive connection): what a row needs cached.
+fn warm(paths: &[String]) {
+    let mut client = Client::new(EDGE);
+    for path in paths {
+        let _ = client.get(path, HOST);
+    }
+}
+
+fn segment(i: usize) -> String {
+    format!("/seg/{i:04}.ts")
+}
+
+/// Failed requests: an error, or another status than expected.
+#[derive(Default)]
+struct Failures {
+    count: usize,
+    kinds: BTreeMap<String, usize>,
+}
+
+impl Failures {
+    fn check(&mut self, r: io::Result<Response>, expected: u16) {
+        let kind = match r {
+            Ok(r) if r.status == expected => return,
+            Ok(r) => format!("{}", r.status),
+            Err(e) => format!("{:?}", e.kind()),
+        };
+        self.count += 1;
+        *self.kinds.entry(kind).or_default() += 1;
+    }
+
+    /// `: 502 x12` or nothing.
+    fn detail(&self) -> String {
+        if self.kinds.is_empty() {
+            return String::new();
+        }
+        let kinds: Vec<String> = self
+            .kinds
+            .iter()
+            .map(|(k, n)| format!("{k} x{n}"))
+            .collect();
+        format!(": {}", kinds.join(", "))
+    }
+
+    /// `, 3 failed: ...` or nothing.
+    fn suffix(&self) -> String {
+        if self.count == 0 {
+            String::new()
+        } else {
+            format!(", {} failed{}", self.count, self.detail())
+        }
+    }
+
+    fn to_json(&self) -> Value {
+        json!({ "count": self.count, "kinds": self.kinds })
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The environment: network namespace, content, hosts, counters, wrk.
+
+/// Moves the process into a network namespace of its own with its loopback up, and lets any uid
+/// listen on ports below 1024 there.
+fn private_network() -> io::Result<()> {
+    // SAFETY: unshare(2) takes no pointers; called before any other thread exists.
+    if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a socket used only for the interface ioctls below, closed at the end; `request` is
+    // a zeroed ifreq naming "lo", which both ioctls read and the first one fills.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM, 0);
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let mut request: libc::ifreq = std::mem::zeroed();
+        for (to, from) in request.ifr_name.iter_mut().zip(b"lo\0") {
+            *to = *from as libc::c_char;
+        }
+        let mut result = libc::ioctl(
+            fd,
+            libc::SIOCGIFFLAGS as _,
+            &mut request as *mut libc::ifreq,
+        );
+        if result == 0 {
+            request.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short;
+            result = libc::ioctl(fd, libc::SIOCSIFFLAGS as _, &request as *const libc::ifreq);
+        }
+        let error = io::Error::last_os_error();
+        libc::close(fd);
+        if result != 0 {
+            return Err(error);
+        }
+    }
+    std::fs::write("/proc/sys/net/ipv4/ip_unprivileged_port_start", "0")
+}
+
+/// The kernel's count of accepted TCP connections (the benchmark's network namespace's).
+fn passive_opens(setup: &Setup) -> Option<u64> {
+    if !setup.isolated {
+        return None;
+    }
+    let snmp = std::fs::read_to_string("/proc/net/snmp").ok()?;
+    let mut tcp = snmp.lines().filter(|l| l.starts_with("Tcp:"));
+    let (names, values) = (tcp.next()?, tcp.next()?);
+    let at = names.split_whitespace().position(|n| n == "PassiveOpens")?;
+    values.split_whitespace().nth(at)?.parse().ok()
+}
+
+/// The origin's accepted connections, from its stub_status (which counts this request's own).
+fn origin_accepts() -> Option<u64> {
+    let r = Client::once(ORIGIN_STATUS, "GET", "/", &[("Host", ORIGIN_IP)]).ok()?;
+    let text = String::from_utf8_lossy(&r.body).into_owned();
+    // "Active connections: 1\nserver accepts handled requests\n 5 5 9\n..."
+    let line = text.lines().nth(2)?;
+    line.split_whitespace().next()?.parse().ok()
+}
+
+/// The origin's files.
+fn make_content(www: &Path) {
+    let mkdir = |p: &Path| {
+        std::fs::create_dir_all(p).unwrap_or_else(|e| panic!("creating {}: {e}", p.display()));
+        chmod(p, 0o755);
+    };
+    let write = |p: &Path, data: &[u8]| {
+        std::fs::write(p, data).unwrap_or_else(|e| panic!("writing {}: {e}", p.display()));
+        chmod(p, 0o644);
+    };
+    for dir in [
+        "seg",
+        "live",
+        "sites/customer-a/site",
+        "sites/customer-b/site",
+    ] {
+        mkdir(&www.join(dir));
+    }
+    write(&www.join("1k.bin"), &pattern(1024));
+    write(&www.join("64k.bin"), &pattern(64 * 1024));
+    // Random bytes, so that nothing on the way compresses them.
+    let mut state: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut big = Vec::with_capacity(BIG as usize);
+    while (big.len() as u64) < BIG {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        big.extend_from_slice(&state.to_le_bytes());
+    }
+    big.truncate(BIG as usize);
+    write(&www.join("50m.bin"), &big);
+    for i in 0..2000 {
+        let mut data = format!("segment {i:04}\n").into_bytes();
+        data.resize(2048, b'.');
+        write(&www.join(format!("seg/{i:04}.ts")), &data);
+    }
+    for site in ["customer-a", "customer-b"] {
+        write(
+            &www.join(format!("sites/{site}/site/page.html")),
+            format!("page of {site}\n").as_bytes(),
+        );
+    }
+}
+
+fn pattern(len: usize) -> Vec<u8> {
+    (0..len).map(|i| b'a' + (i % 26) as u8).collect()
+}
+
+/// The sandboxes' /etc/hosts: the Services' names on loopback addresses.
+fn hosts_file(dir: &Path) -> PathBuf {
+    let mut text = String::from("127.0.0.1 localhost\n::1 localhost\n");
+    for (cluster, ip) in PODS {
+        text.push_str(&format!("{ip} {cluster}.default.svc\n"));
+    }
+    text.push_str(&format!("{ORIGIN_IP} origin.default.svc\n"));
+    let path = dir.join("hosts");
+    std::fs::write(&path, text).expect("writing hosts");
+    chmod(&path, 0o644);
+    path
+}
+
+fn chmod(path: &Path, mode: u32) {
+    let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode));
+}
+
+/// Replaces `path` with `text` in one rename, as a publisher would.
+fn write_atomically(path: &Path, text: &str) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).expect("writing a manifest");
+    chmod(&tmp, 0o644);
+    std::fs::rename(&tmp, path).expect("renaming a manifest");
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_default()
+}
+
+fn count(text: &str, needle: &str) -> usize {
+    text.matches(needle).count()
+}
+
+fn wait_for(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if done() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    done()
+}
+
+fn sleep_until(t: Instant) {
+    let now = Instant::now();
+    if t > now {
+        std::thread::sleep(t - now);
+    }
+}
+
+fn median(values: &[f64]) -> Option<f64> {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => None,
+        n if n % 2 == 1 => Some(v[n / 2]),
+        n => Some((v[n / 2 - 1] + v[n / 2]) / 2.0),
+    }
+}
+
+/// `1 request`, `15 requests`.
+fn requests(n: usize) -> String {
+    format!("{n} request{}", if n == 1 { "" } else { "s" })
+}
+
+fn bytes(n: u64) -> String {
+    if n >= 1 << 20 {
+        format!("{:.2} MiB", n as f64 / (1 << 20) as f64)
+    } else if n >= 1 << 10 {
+        format!("{:.1} KiB", n as f64 / 1024.0)
+    } else {
+        format!("{n} B")
+    }
+}
+
+/// Runs `f(i)` for each i below `n` on `threads` threads that start together; results by i.
+fn parallel<T: Send>(n: usize, threads: usize, f: impl Fn(usize) -> T + Sync) -> Vec<T> {
+    let next = AtomicUsize::new(0);
+    let barrier = Barrier::new(threads);
+    let results: Mutex<Vec<Option<T>>> = Mutex::new((0..n).map(|_| None).collect());
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            s.spawn(|| {
+                barrier.wait();
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= n {
+                        break;
+                    }
+                    let r = f(i);
+                    results.lock().expect("results")[i] = Some(r);
+                }
+            });
+        }
+    });
+    results
+        .into_inner()
+        .expect("results")
+        .into_iter()
+        .map(|r| r.expect("every index ran"))
+        .collect()
+}
+
+struct WrkRun {
+    rps: f64,
+    errors: u64,
+}
+
+/// `wrk -t1 -c50 -dSECONDS` of `url` with the benchmark's Host; killed if it overruns.
+fn wrk(url: &str, seconds: u64) -> Result<WrkRun, String> {
+    let mut child = Command::new("wrk")
+        .args([
+            "-t1",
+            "-c50",
+            &format!("-d{seconds}s"),
+            "-H",
+            &format!("Host: {HOST}"),
+            url,
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("wrk: {e}"))?;
+    let deadline = Instant::now() + Duration::from_secs(seconds + 20);
+    loop {
+        match child.try_wait() {
+            Ok(Some(_)) => break,
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(100)),
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err("wrk overran".into());
+            }
+        }
+    }
+    let mut out = String::new();
+    if let Some(mut stdout) = child.stdout.take() {
+        let _ = stdout.read_to_string(&mut out);
+    }
+    let number = |prefix: &str| {
+        out.lines()
+            .find_map(|l| l.trim().strip_prefix(prefix))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse::<f64>().ok())
+    };
+    let rps = number("Requests/sec:").ok_or_else(|| format!("wrk said: {out}"))?;
+    let mut errors = number("Non-2xx or 3xx responses:").unwrap_or(0.0) as u64;
+    if let Some(line) = out.lines().find(|l| l.trim().starts_with("Socket errors:")) {
+        errors += line
+            .split(|c: char| !c.is_ascii_digit())
+            .filter_map(|n| n.parse::<u64>().ok())
+            .sum::<u64>();
+    }
+    Ok(WrkRun { rps, errors })
+}
+
+/// Says so when the workspace's binary is older than the operator's sources.
+fn warn_if_stale(binary: &Path) {
+    let built = std::fs::metadata(binary).and_then(|m| m.modified()).ok();
+    let root = cdn_operator_e2e::repository_root();
+    let newest = newest_mtime(&root.join("src"));
+    if let (Some(built), Some(newest)) = (built, newest) {
+        if newest > built {
+            eprintln!(
+                "dataplane: {} is older than src/: run `cargo build --bin cdn-operator` first",
+                binary.display()
+            );
+        }
+    }
+}
+
+fn newest_mtime(dir: &Path) -> Option<SystemTime> {
+    let mut newest = None;
+    for entry in std::fs::read_dir(dir).ok()?.flatten() {
+        let t = if entry.path().is_dir() {
+            newest_mtime(&entry.path())
+        } else {
+            entry.metadata().and_then(|m| m.modified()).ok()
+        };
+        newest = newest.max(t);
+    }
+    newest
+}
+
+// ---------------------------------------------------------------------------------------------
+// A small blocking HTTP/1.1 client.
+
+#[derive(Debug)]
+struct Response {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+    /// From the request written to the first byte of the response.
+    ttfb: Duration,
+    /// From the request written to the end of the response.
+    elapsed: Duration,
+}
+
+impl Response {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// A client connection to `addr`, kept alive between requests while the server keeps it.
+struct Client {
+    addr: String,
+    conn: Option<BufReader<TcpStream>>,
+    /// TCP connections it opened.
+    connects: u64,
+}
+
+impl Client {
+    fn new(addr: &str) -> Client {
+        Client {
+            addr: addr.into(),
+            conn: None,
+            connects: 0,
+        }
+    }
+
+    /// One request on a connection of its own, closed after it.
+    fn once(
+        addr: &str,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+    ) -> io::Result<Response> {
+        let mut conn = connect(addr)?;
+        exchange(&mut conn, method, path, headers, true).map(|(r, _)| r)
+    }
+
+    fn get(&mut self, path: &str, host: &str) -> io::Result<Response> {
+        self.request("GET", path, &[("Host", host)])
+    }
+
+    /// A request on the kept connection (a new one if there is none); once more on a new
+    /// connection if a kept one was closed by the server before answering.
+    fn request(
+        &mut self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+    ) -> io::Result<Response> {
+        loop {
+            let reused = self.conn.is_some();
+            if self.conn.is_none() {
+                self.conn = Some(connect(&self.addr)?);
+                self.connects += 1;
+            }
+            let conn = self.conn.as_mut().expect("a connection");
+            match exchange(conn, method, path, headers, false) {
+                Ok((response, keep)) => {
+                    if !keep {
+                        self.conn = None;
+                    }
+                    return Ok(response);
+                }
+                Err(e) => {
+                    self.conn = None;
+                    let closed = matches!(
+                        e.kind(),
+                        io::ErrorKind::UnexpectedEof
+                            | io::ErrorKind::ConnectionReset
+                            | io::ErrorKind::BrokenPipe
+                    );
+                    if !(reused && closed) {
+                        return Err(e);
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn connect(addr: &str) -> io::Result<BufReader<TcpStream>> {
+    let addr: SocketAddr = addr
+        .parse()
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, format!("{addr}: {e}")))?;
+    let stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+    stream.set_read_timeout(Some(TIMEOUT))?;
+    stream.set_write_timeout(Some(TIMEOUT))?;
+    stream.set_nodelay(true)?;
+    Ok(BufReader::with_capacity(64 * 1024, stream))
+}
+
+/// Writes one request and reads its response: the response, and whether the connection may
+/// carry another request.
+fn exchange(
+    conn: &mut BufReader<TcpStream>,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    close: bool,
+) -> io::Result<(Response, bool)> {
+    let mut head = format!("{method} {path} HTTP/1.1\r\n");
+    for (name, value) in headers {
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    if close {
+        head.push_str("Connection: close\r\n");
+    }
+    head.push_str("\r\n");
+    let started = Instant::now();
+    conn.get_mut().write_all(head.as_bytes())?;
+    if conn.fill_buf()?.is_empty() {
+        return Err(eof("the connection closed before a response"));
+    }
+    let ttfb = started.elapsed();
+    let mut line = String::new();
+    read_line(conn, &mut line)?;
+    let mut words = line.split_whitespace();
+    let version = words.next().unwrap_or_default().to_string();
+    let status: u16 = words.next().and_then(|s| s.parse().ok()).ok_or_else(|| {
+        io::Error::new(io::ErrorKind::InvalidData, format!("status line {line:?}"))
+    })?;
+    let mut response_headers = Vec::new();
+    loop {
+        read_line(conn, &mut line)?;
+        let text = line.trim_end();
+        if text.is_empty() {
+            break;
+        }
+        if let Some((name, value)) = text.split_once(':') {
+            response_headers.push((name.trim().to_string(), value.trim().to_string()));
+        }
+    }
+    let header = |name: &str| {
+        response_headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.to_ascii_lowercase())
+    };
+    let mut body = Vec::new();
+    let mut framed = true;
+    if method == "HEAD" || status == 204 || status == 304 || status < 200 {
+    } else if header("transfer-encoding").is_some_and(|v| v.contains("chunked")) {
+        loop {
+            read_line(conn, &mut line)?;
+            let size = usize::from_str_radix(line.trim().split(';').next().unwrap_or(""), 16)
+                .map_err(|_| {
+                    io::Error::new(io::ErrorKind::InvalidData, format!("chunk size {line:?}"))
+                })?;
+            if size == 0 {
+                loop {
+                    read_line(conn, &mut line)?;
+                    if line.trim().is_empty() {
+                        break;
+                    }
+                }
+                break;
+            }
+            let at = body.len();
+            body.resize(at + size, 0);
+            conn.read_exact(&mut body[at..])?;
+            read_line(conn, &mut line)?;
+        }
+    } else if let Some(length) = header("content-length").and_then(|v| v.parse::<usize>().ok()) {
+        body.resize(length, 0);
+        conn.read_exact(&mut body)?;
+    } else {
+        conn.read_to_end(&mut body)?;
+        framed = false;
+    }
+    let keep = framed
+        && !close
+        && version == "HTTP/1.1"
+        && !header("connection").is_some_and(|v| v.contains("close"));
+    Ok((
+        Response {
+            status,
+            headers: response_headers,
+            body,
+            ttfb,
+            elapsed: started.elapsed(),
+        },
+        keep,
+    ))
+}
+
+fn read_line(conn: &mut BufReader<TcpStream>, line: &mut String) -> io::Result<()> {
+    line.clear();
+    if conn.read_line(line)? == 0 {
+        return Err(eof("the connection closed mid-response"));
+    }
+    Ok(())
+}
+
+fn eof(what: &str) -> io::Error {
+    io::Error::new(io::ErrorKind::UnexpectedEof, what)
+}
+
+// ---------------------------------------------------------------------------------------------
+// The table.
+
+fn table(columns: &BTreeMap<&str, Column>) -> String {
+    let ids: Vec<(&'static str, &'static str, &'static str)> = {
+        let mut seen = Vec::new();
+        for column in ["before", "after"] {
+            for f in columns
+                .get(column)
+                .map(|c| c.figures.as_slice())
+                .unwrap_or_default()
+            {
+                if !seen.iter().any(|(id, _, _)| *id == f.id) {
+                    seen.push((f.id, f.what, f.target));
+                }
+            }
+        }
+        seen
+    };
+    let cell = |column: &str, id: &str| -> (String, String) {
+        match columns.get(column) {
+            None => ("-".into(), String::new()),
+            Some(c) => match c.figures.iter().find(|f| f.id == id) {
+                None => ("(not run)".into(), String::new()),
+                Some(f) => (
+                    f.shown.clone(),
+                    match f.met {
+                        Some(true) => "met".into(),
+                        Some(false) => "NOT met".into(),
+                        None => String::new(),
+                    },
+                ),
+            },
+        }
+    };
+    let mut rows: Vec<[String; 6]> = vec![[
+        "#".into(),
+        "measure".into(),
+        "before".into(),
+        "after".into(),
+        "target".into(),
+        "met (before / after)".into(),
+    ]];
+    for (id, what, target) in ids {
+        let (b, bm) = cell("before", id);
+        let (a, am) = cell("after", id);
+        let met = if bm.is_empty() && am.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "{} / {}",
+                if bm.is_empty() { "-" } else { &bm },
+                if am.is_empty() { "-" } else { &am }
+            )
+        };
+        rows.push([id.into(), what.into(), b, a, target.into(), met]);
+    }
+    let widths: Vec<usize> = (0..6)
+        .map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0))
+        .collect();
+    let mut out = String::new();
+    for (n, row) in rows.iter().enumerate() {
+        let cells: Vec<String> = row
+            .iter()
+            .zip(&widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
+        out.push_str(&format!("| {} |\n", cells.join(" | ")));
+        if n == 0 {
+            let rule: Vec<String> = widths.iter().map(|w| "-".repeat(*w)).collect();
+            out.push_str(&format!("|-{}-|\n", rule.join("-|-")));
+        }
+    }
+    for (name, column) in columns {
+        out.push_str(&format!("{name}: {}\n", column.binary.display()));
+    }
+    out
+}
