@@ -6,14 +6,15 @@
 //! (`Paths`); an /etc/hosts of the sandbox maps the Service names to loopback addresses. Each test
 //! has a /24 of loopback of its own, so the tests run side by side.
 
+mod support;
+
 use cdn_operator::api::{CacheRule, CacheSpec, CdnCluster, CdnClusterSpec, HttpSpec, Role, Source};
 use cdn_operator::cdncluster::build::{self, CONFIG_KEY, ENTRYPOINT, ENTRYPOINT_KEY};
 use cdn_operator::cdncluster::nginx::{Paths, CACHE_STATUS_HEADER, UPSTREAM_HEADER};
-use cdn_operator::cdncluster::sources;
 use cdn_operator_testkit::{request, Nginx, Response, Sandbox};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
+use support::nginx_config;
 
 const HOST: (&str, &str) = ("Host", "cdn.example");
 
@@ -52,17 +53,6 @@ fn address(net: u8, name: &str) -> String {
         other => panic!("no address for {other}"),
     };
     format!("127.0.{net}.{host}:80")
-}
-
-/// The configuration of `c` as the controller builds it, its sources looked up among `all`.
-fn config(c: &CdnCluster, all: &[CdnCluster], paths: &Paths) -> String {
-    let upstreams = sources::resolve(c, |name| {
-        all.iter()
-            .find(|x| x.metadata.name.as_deref() == Some(name))
-            .map(|x| Arc::new(x.clone()))
-    })
-    .unwrap_or_else(|problem| panic!("{problem:?}"));
-    build::config(c, &upstreams, paths)
 }
 
 /// The origin: files under `www` (a folder per Host under `www/sites`), 503 under /err/,
@@ -164,7 +154,7 @@ impl World {
             temp_dir: own.to_str().unwrap().into(),
             cache_dir: own.to_str().unwrap().into(),
         };
-        let conf = config(self.cluster(name), &self.clusters, &paths);
+        let conf = nginx_config(self.cluster(name), &self.clusters, &paths);
         let nginx = Nginx::start(&self.sandbox, name, &conf, self.path(), &paths.listen);
         self.running.push((name.into(), nginx));
     }
@@ -600,7 +590,7 @@ fn a_configuration_change_is_applied_in_place_and_keeps_the_cache() {
         listen: listen.into(),
         ..Paths::default()
     };
-    let conf = config(&cache, &world.clusters, &paths);
+    let conf = nginx_config(&cache, &world.clusters, &paths);
     let mut volume = ConfigVolume::new(
         world.path().join("cm"),
         &[(CONFIG_KEY, &conf), (ENTRYPOINT_KEY, ENTRYPOINT)],
@@ -632,7 +622,7 @@ fn a_configuration_change_is_applied_in_place_and_keeps_the_cache() {
         valid: Some("20m".into()),
         ..CacheSpec::default()
     }));
-    let new = config(&cache, &world.clusters, &paths);
+    let new = nginx_config(&cache, &world.clusters, &paths);
     assert_ne!(new, conf);
     volume.update(&[(CONFIG_KEY, &new), (ENTRYPOINT_KEY, ENTRYPOINT)]);
     let log = || std::fs::read_to_string(world.path().join("pod.log")).unwrap();

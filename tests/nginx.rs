@@ -6,33 +6,24 @@
 //! configuration to loopback addresses, so the configurations under test are exactly the ones the
 //! operator ships, with only the listen address and file paths moved.
 
+mod support;
+
 use cdn_operator::api::{CacheSpec, CdnCluster, CdnClusterSpec, Role, Source};
 use cdn_operator::cdncluster::build;
 use cdn_operator::cdncluster::nginx::{timeouts, Paths, CACHE_STATUS_HEADER, UPSTREAM_HEADER};
-use cdn_operator::cdncluster::sources;
 use cdn_operator_testkit::nginx::{static_server_config, test_config, Nginx, Sandbox};
 use cdn_operator_testkit::{request, Response};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use support::nginx_config;
 
 fn cluster(name: &str, role: Role, sources: Vec<Source>) -> CdnCluster {
     let mut c = CdnCluster::new(name, CdnClusterSpec::new(role, sources));
     c.metadata.namespace = Some("default".into());
     c.metadata.uid = Some(format!("{name}-uid"));
     c
-}
-
-/// The configuration of `c` with its sources looked up among `all`, as the controller builds it.
-fn config(c: &CdnCluster, all: &[CdnCluster], paths: &Paths) -> String {
-    let upstreams = sources::resolve(c, |name| {
-        all.iter()
-            .find(|x| x.metadata.name.as_deref() == Some(name))
-            .map(|x| Arc::new(x.clone()))
-    })
-    .unwrap_or_else(|problem| panic!("{problem:?}"));
-    build::config(c, &upstreams, paths)
 }
 
 /// Writes an /etc/hosts that maps `names` to addresses, keeping localhost.
@@ -169,7 +160,7 @@ fn every_generated_configuration_passes_nginx_t() {
             cache_dir: case.to_str().unwrap().into(),
             ..Paths::default()
         };
-        check(&config(c, &world, &paths), &case, &hosts);
+        check(&nginx_config(c, &world, &paths), &case, &hosts);
     }
 }
 
@@ -307,7 +298,13 @@ fn seed_topology_routes_caches_and_answers_404() {
             temp_dir: own.to_str().unwrap().into(),
             cache_dir: own.to_str().unwrap().into(),
         };
-        servers.push(start(&name, &config(c, &world, &paths), d, &hosts, addr));
+        servers.push(start(
+            &name,
+            &nginx_config(c, &world, &paths),
+            d,
+            &hosts,
+            addr,
+        ));
     }
 
     let balancer = "127.0.0.13:80";
@@ -468,7 +465,7 @@ fn a_pool_spreads_uris_by_consistent_hashing_and_fails_over_without_errors() {
         let name = c.metadata.name.clone().unwrap();
         start(
             &name,
-            &config(c, &world, &paths(&name, listen)),
+            &nginx_config(c, &world, &paths(&name, listen)),
             d,
             &hosts,
             listen,
@@ -625,7 +622,7 @@ fn a_pool_spreads_uris_by_consistent_hashing_and_fails_over_without_errors() {
     let addr = "127.0.0.34:80";
     let _weighted = start(
         "balancer-weighted",
-        &config(&weighted[0], &weighted, &paths("balancer-weighted", addr)),
+        &nginx_config(&weighted[0], &weighted, &paths("balancer-weighted", addr)),
         d,
         &hosts,
         addr,
@@ -721,7 +718,7 @@ fn the_pod_runs_nginx_as_any_uid_writing_only_to_its_empty_dirs() {
             role,
             vec![Source::service("origin", "origin", 80, None)],
         );
-        let upstreams = sources::resolve(&c, |_| None).unwrap();
+        let upstreams = cdn_operator::cdncluster::sources::resolve(&c, |_| None).unwrap();
         let children = build::children(&c, &upstreams, &Default::default());
         let psc = pod_spec(&children.deployment)
             .security_context

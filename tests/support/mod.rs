@@ -408,3 +408,19 @@ pub fn shared(path: &str) -> std::path::PathBuf {
     );
     path
 }
+
+/// The nginx configuration of `c` as the controller builds it, its sources looked up among `all`,
+/// with nginx's files and listen address at `paths` (tests/nginx.rs, tests/data_plane.rs).
+pub fn nginx_config(
+    c: &CdnCluster,
+    all: &[CdnCluster],
+    paths: &cdn_operator::cdncluster::nginx::Paths,
+) -> String {
+    let upstreams = cdn_operator::cdncluster::sources::resolve(c, |name| {
+        all.iter()
+            .find(|x| x.metadata.name.as_deref() == Some(name))
+            .map(|x| Arc::new(x.clone()))
+    })
+    .unwrap_or_else(|problem| panic!("{problem:?}"));
+    cdn_operator::cdncluster::build::config(c, &upstreams, paths)
+}
