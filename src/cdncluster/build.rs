@@ -235,23 +235,36 @@ fn default_resources() -> ResourceRequirements {
     }
 }
 
+/// The size of a cache's volume ([`cache_volume_mib`] of its `cache.size`): its emptyDir's limit
+/// and its storage request. `None` for a balancer, which has no cache.
+fn cache_volume(cluster: &CdnCluster) -> Option<Quantity> {
+    (cluster.spec.role == Role::Cache).then(|| {
+        let size = cluster
+            .spec
+            .cache
+            .as_deref()
+            .and_then(|c| c.size.as_deref());
+        let mib = cache_volume_mib(size.unwrap_or(nginx::DEFAULT_CACHE_SIZE));
+        Quantity(format!("{mib}Mi"))
+    })
+}
+
 /// The compute resources of the container: the spec's or the defaults, and for a cache an
-/// ephemeral-storage request of its cache volume's size (unless the spec sets one), so the
-/// scheduler places it where the cache fits.
-fn resources(cluster: &CdnCluster) -> ResourceRequirements {
+/// ephemeral-storage request of its cache volume (unless the spec sets one), so the scheduler
+/// places it where the cache fits.
+fn resources(cluster: &CdnCluster, cache_volume: Option<&Quantity>) -> ResourceRequirements {
     let mut resources = cluster
         .spec
         .resources
         .as_deref()
         .cloned()
         .unwrap_or_else(default_resources);
-    if cluster.spec.role == Role::Cache {
-        let size = cache_tuning(cluster).size;
+    if let Some(volume) = cache_volume {
         resources
             .requests
             .get_or_insert_with(BTreeMap::new)
             .entry("ephemeral-storage".into())
-            .or_insert_with(|| Quantity(format!("{}Mi", cache_volume_mib(&size))));
+            .or_insert_with(|| volume.clone());
     }
     resources
 }
@@ -291,17 +304,17 @@ fn deployment(cluster: &CdnCluster, run_as: &RunAs) -> Deployment {
             ..Volume::default()
         },
     ];
-    if cluster.spec.role == Role::Cache {
+    let cache_volume = cache_volume(cluster);
+    if let Some(limit) = &cache_volume {
         mounts.push(VolumeMount {
             name: "cache".into(),
             mount_path: Paths::default().cache_dir,
             ..VolumeMount::default()
         });
-        let size = cache_tuning(cluster).size;
         volumes.push(Volume {
             name: "cache".into(),
             empty_dir: Some(EmptyDirVolumeSource {
-                size_limit: Some(Quantity(format!("{}Mi", cache_volume_mib(&size)))),
+                size_limit: Some(limit.clone()),
                 ..EmptyDirVolumeSource::default()
             }),
             ..Volume::default()
@@ -340,7 +353,7 @@ fn deployment(cluster: &CdnCluster, run_as: &RunAs) -> Deployment {
         }]),
         readiness_probe: Some(probe(0)),
         liveness_probe: Some(probe(5)),
-        resources: Some(resources(cluster)),
+        resources: Some(resources(cluster, cache_volume.as_ref())),
         security_context: Some(crate::restricted::container()),
         volume_mounts: Some(mounts),
         ..Container::default()

@@ -155,6 +155,9 @@ impl Default for Paths {
     }
 }
 
+/// The largest on-disk cache of an instance when `cache.size` is not set.
+pub const DEFAULT_CACHE_SIZE: &str = "1g";
+
 /// Cache tuning, with defaults applied.
 #[derive(Clone, Debug, PartialEq)]
 pub struct CacheTuning {
@@ -170,7 +173,7 @@ pub struct CacheTuning {
 impl Default for CacheTuning {
     fn default() -> Self {
         CacheTuning {
-            size: "1g".into(),
+            size: DEFAULT_CACHE_SIZE.into(),
             inactive: "10m".into(),
             valid: "10m".into(),
             not_found_valid: "1s".into(),
@@ -281,8 +284,9 @@ pub fn render(
          \x20   scgi_temp_path {tmp}/scgi;\n",
         role = role.as_str(),
     );
+    // The keys zone's size, in MiB, which its name carries too.
+    let zone = keys_zone_mib(&cache.size);
     if role == Role::Cache {
-        let zone = keys_zone_mib(&cache.size);
         // The zone's name carries its size: nginx refuses to reload into a zone of another size,
         // and a new name loads the cache on disk into the new zone instead.
         let _ = write!(
@@ -368,7 +372,6 @@ pub fn render(
              \x20       # Each cache reports its own status, not the one of a cache behind it.\n\
              \x20       proxy_hide_header {header};\n\
              \x20       add_header {header} $upstream_cache_status always;\n",
-            zone = keys_zone_mib(&cache.size),
             slice = cache.slice_size,
             lock = timeouts::CACHE_LOCK,
             header = CACHE_STATUS_HEADER,
