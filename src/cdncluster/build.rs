@@ -123,7 +123,7 @@ pub fn config(cluster: &CdnCluster, upstreams: &[Upstream], paths: &Paths) -> St
 }
 
 /// The cache tuning of `cluster`: its spec, with defaults for what it leaves out.
-pub fn cache_tuning(cluster: &CdnCluster) -> CacheTuning {
+fn cache_tuning(cluster: &CdnCluster) -> CacheTuning {
     let defaults = CacheTuning::default();
     let spec = cluster.spec.cache.as_deref().cloned().unwrap_or_default();
     CacheTuning {
@@ -145,7 +145,7 @@ pub fn cache_tuning(cluster: &CdnCluster) -> CacheTuning {
 }
 
 /// How `cluster` identifies requests: its spec, with its role's defaults.
-pub fn http_tuning(cluster: &CdnCluster) -> HttpTuning {
+fn http_tuning(cluster: &CdnCluster) -> HttpTuning {
     let defaults = HttpTuning::for_role(cluster.spec.role);
     let spec = cluster.spec.http.as_deref().cloned().unwrap_or_default();
     HttpTuning {
