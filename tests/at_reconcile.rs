@@ -323,8 +323,12 @@ async fn the_seed_example_runs_at_once() {
         ats: vec![h.at("example-at").await],
         ..Default::default()
     };
-    let rendered =
-        cdn_operator::cli::render::render(&exported, &Default::default()).expect("a valid At");
+    let rendered = cdn_operator::cli::render::render(
+        &exported,
+        &Default::default(),
+        cdn_operator::cdncluster::sources::DEFAULT_CLUSTER_DOMAIN,
+    )
+    .expect("a valid At");
     let mut created = support::without_server_fields(&pods[0]);
     created.as_object_mut().unwrap().remove("status");
     let metadata = created["metadata"].as_object_mut().unwrap();

@@ -14,7 +14,7 @@ use cdn_operator::cdncluster::nginx::{Paths, CACHE_STATUS_HEADER, UPSTREAM_HEADE
 use cdn_operator_testkit::{request, Nginx, Response, Sandbox};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
-use support::nginx_config;
+use support::{nginx_config, Names};
 
 const HOST: (&str, &str) = ("Host", "cdn.example");
 
@@ -41,6 +41,11 @@ fn topology(tune: impl Fn(&mut CdnCluster)) -> Vec<CdnCluster> {
         cluster("cache-a", Role::Cache, origin()),
         cluster("cache-b", Role::Cache, origin()),
     ]
+}
+
+/// The fully qualified name of the Service `name` of the namespace `default`.
+fn service_name(name: &str) -> String {
+    format!("{name}.default.svc.cluster.local")
 }
 
 /// The hosts of a world on 127.0.`net`.0/24.
@@ -94,6 +99,8 @@ struct Served {
 struct World {
     dir: tempfile::TempDir,
     net: u8,
+    /// The Services' names, in the DNS server the CdnClusters' nginx asks.
+    names: Names,
     sandbox: Sandbox,
     clusters: Vec<CdnCluster>,
     origin: Option<Nginx>,
@@ -106,13 +113,13 @@ impl World {
         let d = dir.path();
         std::fs::create_dir_all(d.join("www/sites")).unwrap();
         std::fs::create_dir_all(d.join("tmp")).unwrap();
-        let mut hosts = String::from("127.0.0.1 localhost\n");
-        for name in ["origin", "cache-a", "cache-b", "edge"] {
-            let ip = address(net, name).replace(":80", "");
-            hosts.push_str(&format!("{ip} {name}.default.svc\n"));
-        }
-        std::fs::write(d.join("hosts"), hosts).unwrap();
-        let sandbox = Sandbox::new().share(d).hosts(d.join("hosts"));
+        let ips: Vec<(String, String)> = ["origin", "cache-a", "cache-b", "edge"]
+            .into_iter()
+            .map(|name| (service_name(name), address(net, name).replace(":80", "")))
+            .collect();
+        let pairs: Vec<(&str, &str)> = ips.iter().map(|(n, a)| (n.as_str(), a.as_str())).collect();
+        let names = Names::new(d, &format!("127.0.{net}.53"), &pairs);
+        let sandbox = Sandbox::new().share(d).hosts(&names.hosts);
         let origin = Nginx::start(
             &sandbox,
             "origin",
@@ -123,6 +130,7 @@ impl World {
         let mut world = World {
             dir,
             net,
+            names,
             sandbox,
             clusters,
             origin: Some(origin),
@@ -147,16 +155,23 @@ impl World {
 
     /// Starts `name`'s nginx with its own temp and cache folders.
     fn run(&mut self, name: &str) {
-        let own = self.path().join(name);
+        self.run_instance(name, name, &address(self.net, name));
+    }
+
+    /// Starts an instance (`instance`, a pod) of the CdnCluster `name` listening on `listen`, with
+    /// temp and cache folders of its own.
+    fn run_instance(&mut self, name: &str, instance: &str, listen: &str) {
+        let own = self.path().join(instance);
         std::fs::create_dir_all(&own).unwrap();
         let paths = Paths {
-            listen: address(self.net, name),
+            listen: listen.into(),
             temp_dir: own.to_str().unwrap().into(),
             cache_dir: own.to_str().unwrap().into(),
         };
+        self.names.resolver_for(&paths.temp_dir);
         let conf = nginx_config(self.cluster(name), &self.clusters, &paths);
-        let nginx = Nginx::start(&self.sandbox, name, &conf, self.path(), &paths.listen);
-        self.running.push((name.into(), nginx));
+        let nginx = Nginx::start(&self.sandbox, instance, &conf, self.path(), &paths.listen);
+        self.running.push((instance.into(), nginx));
     }
 
     /// Writes the object `path` (from the origin's root) with `body`.
@@ -600,7 +615,8 @@ fn a_configuration_change_is_applied_in_place_and_keeps_the_cache() {
         &[(CONFIG_KEY, &conf), (ENTRYPOINT_KEY, ENTRYPOINT)],
     );
     let pod = Sandbox::read_only_root()
-        .hosts(world.path().join("hosts"))
+        .hosts(&world.names.hosts)
+        .resolv_conf(world.names.resolv_conf(world.path()))
         .read_only(&volume.dir, build::CONFIG_DIR)
         .empty_dir("/tmp")
         .empty_dir("/var/cache/nginx");
@@ -638,15 +654,20 @@ fn a_configuration_change_is_applied_in_place_and_keeps_the_cache() {
         std::thread::sleep(Duration::from_millis(100));
     }
     std::thread::sleep(Duration::from_millis(500));
-    let hits = objects
+    let not_hits: Vec<String> = objects
         .iter()
-        .filter(|o| {
+        .filter_map(|o| {
             let r = request(listen, "GET", o, &[HOST], b"").unwrap();
             assert_eq!(r.body, **o);
-            r.header(CACHE_STATUS_HEADER) == Some("HIT")
+            let status = r.header(CACHE_STATUS_HEADER).unwrap_or("none");
+            (status != "HIT").then(|| format!("{o}: {status}"))
         })
-        .count();
-    assert_eq!(hits, objects.len(), "hits after the reload\n{}", log());
+        .collect();
+    assert!(
+        not_hits.is_empty(),
+        "not hits after the reload: {not_hits:?}\n{}",
+        log()
+    );
     assert!(!log().contains("[emerg]"), "{}", log());
     assert_eq!(world.served().len(), objects.len(), "nothing fetched again");
 
@@ -657,4 +678,88 @@ fn a_configuration_change_is_applied_in_place_and_keeps_the_cache() {
         log.contains("gracefully shutting down") || log.contains("exiting"),
         "{log}"
     );
+}
+
+#[test]
+fn sources_are_looked_up_while_nginx_runs() {
+    // edge → cache-a + cache-b → origin, every Service name in the DNS server.
+    let mut world = World::start(10, topology(|_| {}));
+    let objects: Vec<String> = (0..40).map(|i| format!("/vod/{i}.ts")).collect();
+    for o in &objects {
+        world.put(o, o.as_bytes());
+    }
+    let via = |world: &World| -> Vec<String> {
+        objects
+            .iter()
+            .map(|o| {
+                let r = world.get(o, &[]);
+                assert_eq!((r.status, r.body.as_str()), (200, o.as_str()));
+                r.header(UPSTREAM_HEADER).unwrap_or_default().to_string()
+            })
+            .collect()
+    };
+    let first = via(&world);
+    let old_b = address(10, "cache-b");
+    assert!(first.contains(&old_b), "{first:?}");
+
+    // cache-b is deleted and created again: its Service gets another address, where its new pod
+    // answers. The edge follows the name within its lookups' lifetime, with no new
+    // configuration and no request failed (the old address fails over to cache-a meanwhile).
+    let new_b = "127.0.10.13:80";
+    world.run_instance("cache-b", "cache-b-again", new_b);
+    let stopped = world
+        .running
+        .iter()
+        .position(|(n, _)| n == "cache-b")
+        .unwrap();
+    drop(world.running.remove(stopped));
+    world
+        .names
+        .dns
+        .set(&service_name("cache-b"), &["127.0.10.13".parse().unwrap()]);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let now = loop {
+        let now = via(&world);
+        if now.iter().any(|a| a == new_b) || Instant::now() > deadline {
+            break now;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    // Its share goes back to the same member, at its new address.
+    let expected: Vec<String> = first
+        .iter()
+        .map(|a| {
+            if *a == old_b {
+                new_b.to_string()
+            } else {
+                a.clone()
+            }
+        })
+        .collect();
+    assert_eq!(now, expected);
+    let edge = &world.running.iter().find(|(n, _)| n == "edge").unwrap().1;
+    assert!(!edge.log().contains("reconfiguring"), "{}", edge.log());
+
+    // A cache whose origin's Service does not exist yet starts anyway (nginx refused to start
+    // with a name it could not resolve), answers 502 meanwhile, and fetches once it exists.
+    world.names.dns.remove(&service_name("origin"));
+    let late = "127.0.10.14:80";
+    world.run_instance("cache-a", "cache-a-late", late);
+    let ask = || request(late, "GET", "/vod/late.ts", &[HOST], b"").unwrap();
+    world.put("/vod/late.ts", b"late");
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(ask().status, 502);
+    world
+        .names
+        .dns
+        .set(&service_name("origin"), &["127.0.10.10".parse().unwrap()]);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while ask().status != 200 {
+        assert!(
+            Instant::now() < deadline,
+            "the origin is never looked up again"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert_eq!(ask().body, "late");
 }

@@ -13,11 +13,11 @@ use cdn_operator::cdncluster::build;
 use cdn_operator::cdncluster::nginx::{timeouts, Paths, CACHE_STATUS_HEADER, UPSTREAM_HEADER};
 use cdn_operator_testkit::nginx::{static_server_config, test_config, Nginx, Sandbox};
 use cdn_operator_testkit::{request, Response};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use support::nginx_config;
+use support::{nginx_config, Names};
 
 fn cluster(name: &str, role: Role, sources: Vec<Source>) -> CdnCluster {
     let mut c = CdnCluster::new(name, CdnClusterSpec::new(role, sources));
@@ -26,15 +26,16 @@ fn cluster(name: &str, role: Role, sources: Vec<Source>) -> CdnCluster {
     c
 }
 
-/// Writes an /etc/hosts that maps `names` to addresses, keeping localhost.
-fn hosts_file(dir: &Path, names: &[(&str, &str)]) -> PathBuf {
-    let mut text = String::from("127.0.0.1 localhost\n::1 localhost\n");
-    for (name, ip) in names {
-        text.push_str(&format!("{ip} {name}\n"));
-    }
-    let path = dir.join("hosts");
-    std::fs::write(&path, text).unwrap();
-    path
+/// The names of a test: `names` mapped to addresses in an /etc/hosts and in a DNS server on
+/// `dns_ip`:53 (a loopback address of the test's own: the tests run side by side).
+fn names(dir: &Path, dns_ip: &str, names: &[(&str, &str)]) -> Names {
+    Names::new(dir, dns_ip, names)
+}
+
+/// The configuration of `c` (`nginx_config`), with the resolver its nginx includes written.
+fn config(c: &CdnCluster, world: &[CdnCluster], paths: &Paths, names: &Names) -> String {
+    names.resolver_for(&paths.temp_dir);
+    nginx_config(c, world, paths)
 }
 
 /// The sandbox of the nginx instances of a test: `dir` shared, `hosts` as /etc/hosts.
@@ -53,17 +54,19 @@ fn check(conf: &str, dir: &Path, hosts: &Path) {
 #[test]
 fn every_generated_configuration_passes_nginx_t() {
     let dir = tempfile::tempdir().unwrap();
-    let hosts = hosts_file(
+    let names = names(
         dir.path(),
+        "127.0.0.51",
         &[
-            ("cache-live.default.svc", "127.0.0.1"),
-            ("cache-vod.default.svc", "127.0.0.1"),
-            ("cache-tuned.default.svc", "127.0.0.1"),
-            ("cache-origins.default.svc", "127.0.0.1"),
-            ("vod-store.default.svc", "127.0.0.1"),
+            ("cache-live.default.svc.cluster.local", "127.0.0.1"),
+            ("cache-vod.default.svc.cluster.local", "127.0.0.1"),
+            ("cache-tuned.default.svc.cluster.local", "127.0.0.1"),
+            ("cache-origins.default.svc.cluster.local", "127.0.0.1"),
+            ("vod-store.default.svc.cluster.local", "127.0.0.1"),
             ("origin.example.com", "127.0.0.1"),
         ],
     );
+    let hosts = names.hosts.clone();
     let live = cluster("cache-live", Role::Cache, vec![]);
     let vod = cluster("cache-vod", Role::Cache, vec![]);
     let mut tuned = cluster(
@@ -155,12 +158,14 @@ fn every_generated_configuration_passes_nginx_t() {
     for c in &specs {
         let case = dir.path().join(c.metadata.name.as_deref().unwrap());
         std::fs::create_dir_all(&case).unwrap();
-        // Production paths, except the cache (nginx -t creates it).
+        // Production paths, except the cache (nginx -t creates it) and the temp folder (with
+        // the resolver the entrypoint writes).
         let paths = Paths {
             cache_dir: case.to_str().unwrap().into(),
+            temp_dir: case.to_str().unwrap().into(),
             ..Paths::default()
         };
-        check(&nginx_config(c, &world, &paths), &case, &hosts);
+        check(&config(c, &world, &paths, &names), &case, &hosts);
     }
 }
 
@@ -168,7 +173,8 @@ fn every_generated_configuration_passes_nginx_t() {
 fn nginx_t_catches_a_broken_configuration() {
     // The check above must be able to fail: a config nginx cannot read is reported.
     let dir = tempfile::tempdir().unwrap();
-    let hosts = hosts_file(dir.path(), &[]);
+    let names = names(dir.path(), "127.0.0.52", &[]);
+    let hosts = names.hosts.clone();
     let file = dir.path().join("nginx.conf");
     std::fs::write(
         &file,
@@ -224,15 +230,17 @@ fn seed_topology_routes_caches_and_answers_404() {
     std::fs::write(vod_root.join("vod/movie.mp4"), "VOD-MOVIE").unwrap();
     std::fs::write(vod_root.join("other.txt"), "VOD-OTHER").unwrap();
 
-    let hosts = hosts_file(
+    let names = names(
         d,
+        "127.0.0.53",
         &[
-            ("cache-live.default.svc", "127.0.0.11"),
-            ("cache-vod.default.svc", "127.0.0.12"),
-            ("origin-live.default.svc", "127.0.0.21"),
-            ("origin-vod.default.svc", "127.0.0.22"),
+            ("cache-live.default.svc.cluster.local", "127.0.0.11"),
+            ("cache-vod.default.svc.cluster.local", "127.0.0.12"),
+            ("origin-live.default.svc.cluster.local", "127.0.0.21"),
+            ("origin-vod.default.svc.cluster.local", "127.0.0.22"),
         ],
     );
+    let hosts = names.hosts.clone();
 
     // The seed examples, with an origin added to each cache ("add origins here").
     let cache_live = cluster(
@@ -300,7 +308,7 @@ fn seed_topology_routes_caches_and_answers_404() {
         };
         servers.push(start(
             &name,
-            &nginx_config(c, &world, &paths),
+            &config(c, &world, &paths, &names),
             d,
             &hosts,
             addr,
@@ -441,15 +449,17 @@ fn a_pool_spreads_uris_by_consistent_hashing_and_fails_over_without_errors() {
         // The body is the URI: an answer tells which object it is.
         std::fs::write(root.join(&uri[1..]), uri).unwrap();
     }
-    let hosts = hosts_file(
+    let names = names(
         d,
+        "127.0.0.54",
         &[
-            ("cache-a.default.svc", "127.0.0.31"),
-            ("cache-b.default.svc", "127.0.0.32"),
-            ("cache-c.default.svc", "127.0.0.33"),
-            ("origin.default.svc", "127.0.0.40"),
+            ("cache-a.default.svc.cluster.local", "127.0.0.31"),
+            ("cache-b.default.svc.cluster.local", "127.0.0.32"),
+            ("cache-c.default.svc.cluster.local", "127.0.0.33"),
+            ("origin.default.svc.cluster.local", "127.0.0.40"),
         ],
     );
+    let hosts = names.hosts.clone();
     let _origin = start_origin("origin", &root, d, &hosts, "127.0.0.40:80");
     let paths = |name: &str, listen: &str| {
         let own = d.join(name);
@@ -465,7 +475,7 @@ fn a_pool_spreads_uris_by_consistent_hashing_and_fails_over_without_errors() {
         let name = c.metadata.name.clone().unwrap();
         start(
             &name,
-            &nginx_config(c, &world, &paths(&name, listen)),
+            &config(c, &world, &paths(&name, listen), &names),
             d,
             &hosts,
             listen,
@@ -622,7 +632,12 @@ fn a_pool_spreads_uris_by_consistent_hashing_and_fails_over_without_errors() {
     let addr = "127.0.0.34:80";
     let _weighted = start(
         "balancer-weighted",
-        &nginx_config(&weighted[0], &weighted, &paths("balancer-weighted", addr)),
+        &config(
+            &weighted[0],
+            &weighted,
+            &paths("balancer-weighted", addr),
+            &names,
+        ),
         d,
         &hosts,
         addr,
@@ -659,7 +674,7 @@ fn start_as_pod(
     children: &build::Children,
     conf: &str,
     dir: &Path,
-    hosts: &Path,
+    (hosts, resolv): (&Path, &Path),
     addr: &str,
 ) -> Nginx {
     let pod = pod_spec(&children.deployment);
@@ -672,7 +687,7 @@ fn start_as_pod(
         std::fs::write(config.join(key), text).unwrap();
     }
     // The pod's read-only root filesystem, and its volumes.
-    let mut sandbox = Sandbox::read_only_root().hosts(hosts);
+    let mut sandbox = Sandbox::read_only_root().hosts(hosts).resolv_conf(resolv);
     for mount in container.volume_mounts.as_deref().unwrap() {
         let volume = volumes.iter().find(|v| v.name == mount.name).unwrap();
         if volume.empty_dir.is_some() {
@@ -709,7 +724,12 @@ fn the_pod_runs_nginx_as_any_uid_writing_only_to_its_empty_dirs() {
         .map(|i| (b'a' + (i % 26) as u8) as char)
         .collect();
     std::fs::write(origin_root.join("vod/movie.mp4"), &movie).unwrap();
-    let hosts = hosts_file(d, &[("origin.default.svc", "127.0.0.42")]);
+    let names = names(
+        d,
+        "127.0.0.55",
+        &[("origin.default.svc.cluster.local", "127.0.0.42")],
+    );
+    let hosts = names.hosts.clone();
     let _origin = start_origin("origin", &origin_root, d, &hosts, "127.0.0.42:80");
 
     for (name, role) in [("cache", Role::Cache), ("balancer", Role::Balancer)] {
@@ -718,7 +738,12 @@ fn the_pod_runs_nginx_as_any_uid_writing_only_to_its_empty_dirs() {
             role,
             vec![Source::service("origin", "origin", 80, None)],
         );
-        let upstreams = cdn_operator::cdncluster::sources::resolve(&c, |_| None).unwrap();
+        let upstreams = cdn_operator::cdncluster::sources::resolve(
+            &c,
+            |_| None,
+            cdn_operator::cdncluster::sources::DEFAULT_CLUSTER_DOMAIN,
+        )
+        .unwrap();
         let children = build::children(&c, &upstreams, &Default::default());
         let psc = pod_spec(&children.deployment)
             .security_context
@@ -740,7 +765,8 @@ fn the_pod_runs_nginx_as_any_uid_writing_only_to_its_empty_dirs() {
 
         let own = d.join(name);
         std::fs::create_dir_all(&own).unwrap();
-        let server = start_as_pod(&children, &conf, &own, &hosts, addr);
+        let resolv = names.resolv_conf(&own);
+        let server = start_as_pod(&children, &conf, &own, (&hosts, &resolv), addr);
         assert_eq!(get(addr, "/healthz").status, 200, "{name}");
         let r = get(addr, "/vod/movie.mp4");
         assert_eq!((r.status, r.body.len()), (200, movie.len()), "{name}");

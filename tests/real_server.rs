@@ -61,7 +61,12 @@ fn desired(name: &str) -> build::Children {
     let clusters = clusters();
     let cluster = clusters.iter().find(|c| c.name_any() == name).unwrap();
     let lookup = |source: &str| clusters.iter().find(|c| c.name_any() == source).cloned();
-    let upstreams = sources::resolve(cluster, lookup).expect("the seed resolves");
+    let upstreams = sources::resolve(
+        cluster,
+        lookup,
+        cdn_operator::cdncluster::sources::DEFAULT_CLUSTER_DOMAIN,
+    )
+    .expect("the seed resolves");
     build::children(cluster, &upstreams, &Default::default())
 }
 

@@ -415,8 +415,8 @@ async fn a_pool_of_two_caches_deploys_one_hashed_upstream() {
     assert_eq!(conf.matches("upstream source_").count(), 1, "{conf}");
     for line in [
         "hash $host$uri$cdn_key_args consistent;".to_string(),
-        format!("server cache-a.{ns}.svc:80 weight=2 max_fails=2 fail_timeout=5s;"),
-        format!("server cache-b.{ns}.svc:80 weight=1 max_fails=2 fail_timeout=5s;"),
+        format!("server cache-a.{ns}.svc.cluster.local:80 resolve weight=2 max_fails=2 fail_timeout=5s;"),
+        format!("server cache-b.{ns}.svc.cluster.local:80 resolve weight=1 max_fails=2 fail_timeout=5s;"),
         "# default pool cache-a + cache-b".to_string(),
     ] {
         assert!(conf.contains(&line), "{line} missing in\n{conf}");

@@ -57,6 +57,8 @@ pub struct Context {
     /// What each CdnCluster's last successful reconcile left: a reconcile finding the same ends
     /// at once.
     pub settled: Settled,
+    /// The DNS domain of the cluster, in the names of the Services the CdnClusters' nginx looks up.
+    pub cluster_domain: String,
 }
 
 impl reconcile::Context for Context {
@@ -76,6 +78,7 @@ pub fn controller(
     leadership: Leadership,
     concurrency: u16,
     run_as: RunAs,
+    cluster_domain: String,
 ) -> (Arc<Context>, Controller<CdnCluster>) {
     let children = watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}"));
     let relists = Relists::default();
@@ -159,6 +162,7 @@ pub fn controller(
         services,
         writes_visible_within: cache::WRITES_VISIBLE_WITHIN,
         settled,
+        cluster_domain,
     });
     (context, controller)
 }
@@ -196,7 +200,7 @@ async fn reconcile_unless_settled(
         looked_up.borrow_mut().push((source.to_string(), version));
         found
     };
-    let resolved = sources::resolve(cluster, lookup);
+    let resolved = sources::resolve(cluster, lookup, &ctx.cluster_domain);
     let mut versions = VersionSet::new(cluster.resource_version(), looked_up.into_inner());
     // Kinds as `Written::child` names them, versions as the caches hold them.
     for (kind, cache, child) in [

@@ -18,6 +18,10 @@ pub const CACHE_STATUS_HEADER: &str = "X-Cache-Status";
 /// The response header in which a pool's location reports the member that answered (after the
 /// members that failed, comma-separated): nginx's `$upstream_addr`.
 pub const UPSTREAM_HEADER: &str = "X-Cdn-Upstream";
+/// The file, in the temp folder, where the entrypoint writes nginx's `resolver` directive.
+pub const RESOLVER_FILE: &str = "resolver.conf";
+/// How long nginx keeps what it looked up: a Service re-created is followed this fast.
+pub const RESOLVER_VALID: &str = "5s";
 /// A pool member that fails this many times within [`POOL_FAIL_TIMEOUT`] is left out for
 /// [`POOL_FAIL_TIMEOUT`], then tried again. Only its own failures count (refused, reset, timed out):
 /// what it relays from further up is an answer.
@@ -96,13 +100,14 @@ pub struct Upstream {
     pub scheme: &'static str,
     /// `host:port` nginx connects to.
     pub address: String,
+    /// The address is a name of the cluster's DNS that nginx looks up again while it runs
+    /// (`resolve`): a Service that appears after nginx started, or is re-created with another
+    /// address, is followed without a new configuration.
+    pub resolve: bool,
     /// The Host header sent upstream; `None` keeps the client's.
     pub host_header: Option<String>,
     /// A path prefixed to every request path (from an origin URL).
     pub path_prefix: String,
-    /// A version of the source (a CdnCluster's uid): written into the config, so a source that is
-    /// replaced rolls out its parents, whose nginx resolved the old address at start.
-    pub revision: Option<String>,
     /// Its share of its pool (`weight=` on the hash ring).
     pub weight: u32,
     /// Another CdnCluster (a tier of this CDN) rather than an origin: its timeouts are the
@@ -299,6 +304,11 @@ pub fn render(
             inactive = cache.inactive,
         );
     }
+    if upstreams.iter().any(|u| u.resolve) {
+        // nginx looks names up itself, with the DNS server the entrypoint found in the pod's
+        // /etc/resolv.conf (nginx reads no resolv.conf).
+        let _ = writeln!(c, "    include {tmp}/{RESOLVER_FILE};");
+    }
     write_forwarding(&mut c, &http.trusted_proxies);
     write_key_args(&mut c, &http.excluded_query_parameters);
 
@@ -308,29 +318,34 @@ pub fn render(
         c.push('\n');
         for &m in pool {
             let up = &upstreams[m];
-            let revision = up
-                .revision
-                .as_deref()
-                .map(|r| format!(" (revision {r})"))
-                .unwrap_or_default();
-            let _ = writeln!(c, "    # source {}{revision}", comment(&up.name));
+            let _ = writeln!(c, "    # source {}", comment(&up.name));
         }
         let _ = writeln!(c, "    upstream source_{i} {{");
-        if let [only] = pool[..] {
-            let _ = writeln!(c, "        server {};", upstreams[only].address);
-        } else {
+        let spread = pool.len() > 1;
+        if spread {
             // One member per object, so each object is fetched and cached by one cache of the
             // pool; a member leaving or joining moves only its own share of the objects. The key
-            // is the caches' own key, so an excluded parameter does not spread an object.
+            // is the caches' own key, so an excluded parameter does not spread an object. (The
+            // ring is made of the `server` lines: the addresses one name resolves to share its
+            // points, and nginx takes turns between them.)
             let _ = writeln!(c, "        hash $host$uri{KEY_ARGS} consistent;");
-            // Failures seen by one worker mark the member down for all of them.
+        }
+        if spread || pool.iter().any(|&m| upstreams[m].resolve) {
+            // Failures seen by one worker mark the member down for all of them; the addresses
+            // looked up while nginx runs are kept there too.
             let _ = writeln!(c, "        zone source_{i} 64k;");
-            for &m in pool {
+        }
+        for &m in pool {
+            let up = &upstreams[m];
+            let resolve = if up.resolve { " resolve" } else { "" };
+            if spread {
                 let _ = writeln!(
                     c,
-                    "        server {} weight={} max_fails={POOL_MAX_FAILS} fail_timeout={POOL_FAIL_TIMEOUT};",
-                    upstreams[m].address, upstreams[m].weight,
+                    "        server {}{resolve} weight={} max_fails={POOL_MAX_FAILS} fail_timeout={POOL_FAIL_TIMEOUT};",
+                    up.address, up.weight,
                 );
+            } else {
+                let _ = writeln!(c, "        server {}{resolve};", up.address);
             }
         }
         // Connections to every source are reused (HTTP/1.1 without `Connection: close`, set in

@@ -16,17 +16,26 @@ pub enum Problem {
     Invalid(String),
 }
 
-/// The kube-proxy DNS name of a Service, reachable from any namespace.
-pub fn service_address(name: &str, namespace: &str, port: i32) -> String {
-    format!("{name}.{namespace}.svc:{port}")
+/// The DNS name of a Service, fully qualified: nginx looks it up itself, without the pod's search
+/// domains.
+pub fn service_address(name: &str, namespace: &str, cluster_domain: &str, port: i32) -> String {
+    format!("{name}.{namespace}.svc.{cluster_domain}:{port}")
 }
+
+/// The cluster domain when nothing says otherwise.
+pub const DEFAULT_CLUSTER_DOMAIN: &str = "cluster.local";
 
 /// The port on which a CdnCluster's Service serves.
 pub const SERVICE_PORT: i32 = 80;
 
-/// Checks the spec and resolves every source to an upstream. Invalid specs are reported before
-/// missing sources: waiting would not make them servable.
-pub fn resolve<F>(cluster: &CdnCluster, lookup: F) -> Result<Vec<Upstream>, Problem>
+/// Checks the spec and resolves every source to an upstream, its Service named in
+/// `cluster_domain`. Invalid specs are reported before missing sources: waiting would not make
+/// them servable.
+pub fn resolve<F>(
+    cluster: &CdnCluster,
+    lookup: F,
+    cluster_domain: &str,
+) -> Result<Vec<Upstream>, Problem>
 where
     F: Fn(&str) -> Option<Arc<CdnCluster>>,
 {
@@ -80,17 +89,18 @@ where
             path_condition: source.path_condition.clone(),
             scheme: "http",
             address: String::new(),
+            resolve: false,
             host_header: None,
             path_prefix: String::new(),
-            revision: None,
             weight: source.weight().unsigned_abs(),
             tier: source.origin.is_none(),
         };
         match &source.origin {
             None => match lookup(&source.name) {
-                Some(found) => {
-                    upstream.address = service_address(&source.name, &namespace, SERVICE_PORT);
-                    upstream.revision = found.uid();
+                Some(_) => {
+                    upstream.address =
+                        service_address(&source.name, &namespace, cluster_domain, SERVICE_PORT);
+                    upstream.resolve = true;
                 }
                 None => missing.push(source.name.clone()),
             },
@@ -117,7 +127,9 @@ where
                             source.name, service.port
                         )));
                     }
-                    upstream.address = service_address(&service.name, &namespace, service.port);
+                    upstream.address =
+                        service_address(&service.name, &namespace, cluster_domain, service.port);
+                    upstream.resolve = true;
                 }
                 _ => {
                     return Err(Problem::Invalid(format!(

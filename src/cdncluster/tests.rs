@@ -60,18 +60,26 @@ fn the_spec_fields_rarely_set_are_not_carried_inline() {
 #[test]
 fn seed_balancer_resolves_its_caches_through_their_services() {
     let all = seed();
-    let upstreams = sources::resolve(&all[0], world(&all)).unwrap();
+    let upstreams =
+        sources::resolve(&all[0], world(&all), sources::DEFAULT_CLUSTER_DOMAIN).unwrap();
     assert_eq!(upstreams.len(), 2);
-    assert_eq!(upstreams[0].address, "cache-live.default.svc:80");
+    assert_eq!(
+        upstreams[0].address,
+        "cache-live.default.svc.cluster.local:80"
+    );
     assert_eq!(upstreams[0].path_condition.as_deref(), Some("^/live/"));
-    assert_eq!(upstreams[0].revision.as_deref(), Some("uid-cache-live"));
-    assert_eq!(upstreams[1].address, "cache-vod.default.svc:80");
+    assert!(upstreams[0].resolve, "looked up while nginx runs");
+    assert_eq!(
+        upstreams[1].address,
+        "cache-vod.default.svc.cluster.local:80"
+    );
 }
 
 #[test]
 fn missing_sources_are_listed_in_order() {
     let all = seed();
-    let problem = sources::resolve(&all[0], world(&all[..1])).unwrap_err();
+    let problem =
+        sources::resolve(&all[0], world(&all[..1]), sources::DEFAULT_CLUSTER_DOMAIN).unwrap_err();
     assert_eq!(
         problem,
         Problem::Missing(vec!["cache-live".into(), "cache-vod".into()])
@@ -80,7 +88,11 @@ fn missing_sources_are_listed_in_order() {
 
 #[test]
 fn invalid_specs_are_refused_with_a_reason() {
-    let invalid = |c: &CdnCluster, all: &[CdnCluster]| match sources::resolve(c, world(all)) {
+    let invalid = |c: &CdnCluster, all: &[CdnCluster]| match sources::resolve(
+        c,
+        world(all),
+        sources::DEFAULT_CLUSTER_DOMAIN,
+    ) {
         Err(Problem::Invalid(message)) => message,
         other => panic!("expected Invalid, got {other:?}"),
     };
@@ -160,7 +172,7 @@ fn pool_world() -> Vec<CdnCluster> {
 #[test]
 fn sources_sharing_a_condition_are_one_pool_balanced_by_consistent_hashing() {
     let all = pool_world();
-    let ups = sources::resolve(&all[0], world(&all)).unwrap();
+    let ups = sources::resolve(&all[0], world(&all), sources::DEFAULT_CLUSTER_DOMAIN).unwrap();
     assert_eq!(nginx::pools(&ups), vec![vec![0, 2, 3], vec![1]]);
     assert_eq!(
         nginx::describe_pool(&ups, &[0, 2, 3]),
@@ -174,16 +186,18 @@ fn sources_sharing_a_condition_are_one_pool_balanced_by_consistent_hashing() {
     assert!(
         conf.contains(
             "    upstream source_0 {\n        hash $host$uri$cdn_key_args consistent;\n        zone source_0 64k;\n\
-             \x20       server cache-a.default.svc:80 weight=2 max_fails=2 fail_timeout=5s;\n\
-             \x20       server cache-b.default.svc:80 weight=1 max_fails=2 fail_timeout=5s;\n\
-             \x20       server cache-c.default.svc:80 weight=1 max_fails=2 fail_timeout=5s;\n\
+             \x20       server cache-a.default.svc.cluster.local:80 resolve weight=2 max_fails=2 fail_timeout=5s;\n\
+             \x20       server cache-b.default.svc.cluster.local:80 resolve weight=1 max_fails=2 fail_timeout=5s;\n\
+             \x20       server cache-c.default.svc.cluster.local:80 resolve weight=1 max_fails=2 fail_timeout=5s;\n\
              \x20       keepalive 32;\n        keepalive_requests 10000;\n        keepalive_timeout 60s;\n    }"
         ),
         "{conf}"
     );
-    assert!(conf.contains("    # source cache-b (revision uid-cache-b)\n"));
-    // A pool of one is written as a source always was: no hashing, no failover.
-    assert!(conf.contains("    upstream source_1 {\n        server live.default.svc:80;\n        keepalive 32;\n        keepalive_requests 10000;\n        keepalive_timeout 60s;\n    }"));
+    assert!(conf.contains("    # source cache-b\n"));
+    // nginx looks the names up with the resolver the entrypoint writes.
+    assert!(conf.contains("\n    include /tmp/resolver.conf;\n"));
+    // A pool of one instance: no hashing, no failover.
+    assert!(conf.contains("    upstream source_1 {\n        zone source_1 64k;\n        server live.default.svc.cluster.local:80 resolve;\n        keepalive 32;\n        keepalive_requests 10000;\n        keepalive_timeout 60s;\n    }"));
     assert_eq!(conf.matches("upstream source_").count(), 2);
     assert!(!conf.contains("source_2") && !conf.contains("source_3"));
     let default = conf
@@ -221,7 +235,7 @@ fn sources_sharing_a_condition_are_one_pool_balanced_by_consistent_hashing() {
             Source::url("o2", "http://o.example.com:8081/v", Some("^/v/")),
         ],
     );
-    let ups = sources::resolve(&origins, world(&[])).unwrap();
+    let ups = sources::resolve(&origins, world(&[]), sources::DEFAULT_CLUSTER_DOMAIN).unwrap();
     let conf = build::config(&origins, &ups, &Paths::default());
     let location = &conf[conf
         .find("# pool o1 + o2\n        location ~ \"^/v/\"")
@@ -244,7 +258,7 @@ fn a_pool_reaches_the_status_by_its_members() {
             Source::url("web", "http://web.example.com", Some("^/s/")),
         ],
     );
-    let problem = sources::resolve(&c, world(&[])).unwrap_err();
+    let problem = sources::resolve(&c, world(&[]), sources::DEFAULT_CLUSTER_DOMAIN).unwrap_err();
     let next = status::desired(&c, Observed::Problem(&problem), &now());
     assert_eq!(next.state, Some(State::Invalid));
     let ready = crate::conditions::find(&next.conditions, status::READY).unwrap();
@@ -257,7 +271,8 @@ fn a_pool_reaches_the_status_by_its_members() {
     );
     // A missing member is waited for, named as the seed names a missing source.
     let all = pool_world();
-    let problem = sources::resolve(&all[0], world(&all[..2])).unwrap_err();
+    let problem =
+        sources::resolve(&all[0], world(&all[..2]), sources::DEFAULT_CLUSTER_DOMAIN).unwrap_err();
     assert_eq!(
         status::describe(&problem),
         "Source live not found, will retry later"
@@ -271,7 +286,7 @@ fn a_cycle_elsewhere_in_the_graph_does_not_invalidate_a_parent() {
     let a = cluster("a", Role::Cache, vec![Source::cluster("b", None)]);
     let b = cluster("b", Role::Cache, vec![Source::cluster("a", None)]);
     let all = [top.clone(), a, b];
-    assert!(sources::resolve(&top, world(&all)).is_ok());
+    assert!(sources::resolve(&top, world(&all), sources::DEFAULT_CLUSTER_DOMAIN).is_ok());
 }
 
 #[test]
@@ -303,12 +318,13 @@ fn origins_resolve_to_urls_and_services() {
             },
         ],
     );
-    let ups = sources::resolve(&c, world(&[])).unwrap();
+    let ups = sources::resolve(&c, world(&[]), sources::DEFAULT_CLUSTER_DOMAIN).unwrap();
     assert_eq!(ups[0].scheme, "https");
     assert_eq!(ups[0].address, "origin.example.com:443");
     assert_eq!(ups[0].host_header.as_deref(), Some("origin.example.com"));
     assert_eq!(ups[0].path_prefix, "/media");
-    assert_eq!(ups[1].address, "vod-store.default.svc:8080");
+    assert_eq!(ups[1].address, "vod-store.default.svc.cluster.local:8080");
+    assert_eq!((ups[0].resolve, ups[1].resolve), (false, true));
 
     for (url, why) in [
         ("ftp://x", "only http and https"),
@@ -317,7 +333,7 @@ fn origins_resolve_to_urls_and_services() {
         ("not a url", "is not a URL"),
     ] {
         c.spec.sources[0].origin.as_mut().unwrap().url = Some(url.into());
-        match sources::resolve(&c, world(&[])) {
+        match sources::resolve(&c, world(&[]), sources::DEFAULT_CLUSTER_DOMAIN) {
             Err(Problem::Invalid(m)) => assert!(m.contains(why), "{url}: {m}"),
             other => panic!("{url}: {other:?}"),
         }
@@ -327,7 +343,7 @@ fn origins_resolve_to_urls_and_services() {
         service: None,
     });
     assert!(matches!(
-        sources::resolve(&c, world(&[])),
+        sources::resolve(&c, world(&[]), sources::DEFAULT_CLUSTER_DOMAIN),
         Err(Problem::Invalid(m)) if m.contains("exactly one of url or service")
     ));
 }
@@ -335,7 +351,7 @@ fn origins_resolve_to_urls_and_services() {
 #[test]
 fn children_have_the_seed_names_labels_and_owner() {
     let all = seed();
-    let ups = sources::resolve(&all[0], world(&all)).unwrap();
+    let ups = sources::resolve(&all[0], world(&all), sources::DEFAULT_CLUSTER_DOMAIN).unwrap();
     let children = build::children(&all[0], &ups, &RunAs::default());
 
     let d = &children.deployment;
@@ -466,7 +482,7 @@ fn pods_meet_the_restricted_pod_security_standard() {
 fn a_config_change_is_applied_in_place_without_a_rollout() {
     let all = seed();
     let children = |c: &CdnCluster| {
-        let ups = sources::resolve(c, world(&all)).unwrap();
+        let ups = sources::resolve(c, world(&all), sources::DEFAULT_CLUSTER_DOMAIN).unwrap();
         build::children(c, &ups, &RunAs::default())
     };
     let before = children(&all[0]);
@@ -512,7 +528,7 @@ fn nginx_routes_in_order_with_default_or_404() {
         address: format!("{name}.default.svc:80"),
         host_header: None,
         path_prefix: String::new(),
-        revision: None,
+        resolve: false,
         weight: 1,
         tier: true,
     };
@@ -562,7 +578,7 @@ fn nginx_quotes_regexes_and_caches_as_tuned() {
         address: "o.default.svc:80".into(),
         host_header: None,
         path_prefix: String::new(),
-        revision: None,
+        resolve: false,
         weight: 1,
         tier: false,
     };
@@ -575,7 +591,7 @@ fn nginx_quotes_regexes_and_caches_as_tuned() {
 
 /// The configuration of `c`, its sources looked up among `all`.
 fn conf_of(c: &CdnCluster, all: &[CdnCluster]) -> String {
-    let ups = sources::resolve(c, world(all)).unwrap();
+    let ups = sources::resolve(c, world(all), sources::DEFAULT_CLUSTER_DOMAIN).unwrap();
     build::config(c, &ups, &Paths::default())
 }
 
@@ -667,7 +683,7 @@ fn excluded_query_parameters_leave_the_key_and_the_hash() {
         excluded_query_parameters: Some(vec!["to ken".into()]),
         ..HttpSpec::default()
     }));
-    match sources::resolve(&bad, world(&[])) {
+    match sources::resolve(&bad, world(&[]), sources::DEFAULT_CLUSTER_DOMAIN) {
         Err(Problem::Invalid(m)) => {
             assert!(m.contains("\"to ken\" is not a parameter name"), "{m}")
         }
@@ -712,7 +728,7 @@ fn only_trusted_proxies_forward_a_client_address() {
             trusted_proxies: Some(vec![bad.into()]),
             ..HttpSpec::default()
         }));
-        match sources::resolve(&c, world(&all)) {
+        match sources::resolve(&c, world(&all), sources::DEFAULT_CLUSTER_DOMAIN) {
             Err(Problem::Invalid(m)) => {
                 assert!(m.contains("is not an IP address or a CIDR range"), "{m}")
             }
@@ -793,7 +809,7 @@ fn lifetime_rules_are_nested_in_every_route_of_a_cache() {
         }]),
         ..CacheSpec::default()
     }));
-    match sources::resolve(&bad, world(&all)) {
+    match sources::resolve(&bad, world(&all), sources::DEFAULT_CLUSTER_DOMAIN) {
         Err(Problem::Invalid(m)) => {
             assert!(
                 m.starts_with("cache rule \"^/(live\": not a valid regular expression"),
@@ -868,7 +884,7 @@ fn the_cache_is_sized_from_cache_size() {
         slice_size: Some("0".into()),
         ..CacheSpec::default()
     }));
-    match sources::resolve(&bad, world(&[])) {
+    match sources::resolve(&bad, world(&[]), sources::DEFAULT_CLUSTER_DOMAIN) {
         Err(Problem::Invalid(m)) => {
             assert_eq!(m, "cache.sliceSize \"0\" is not a size such as 512m or 10g")
         }
@@ -1165,4 +1181,13 @@ fn only_existence_identity_and_spec_changes_concern_parents() {
     let mut recreated = old.clone();
     recreated.metadata.uid = Some("uid-cache-2".into());
     assert!(concerns(&recreated), "a new Service address");
+}
+
+#[test]
+fn the_entrypoint_gives_nginx_the_pods_nameserver() {
+    assert!(ENTRYPOINT.contains(&format!(
+        "echo \"resolver $resolver valid={};\" > /tmp/{}\n",
+        nginx::RESOLVER_VALID,
+        nginx::RESOLVER_FILE
+    )));
 }

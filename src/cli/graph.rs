@@ -362,7 +362,8 @@ where
     let status = match recorded {
         Some(status) => status,
         None if plan => {
-            let resolved = sources::resolve(cluster, lookup);
+            // Only whether it resolves is read, which does not depend on the domain.
+            let resolved = sources::resolve(cluster, lookup, sources::DEFAULT_CLUSTER_DOMAIN);
             let observed = match &resolved {
                 Err(problem) => Observed::Problem(problem),
                 Ok(_) => Observed::Deployed(None),

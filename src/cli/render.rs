@@ -19,11 +19,11 @@ Prints a multi-document YAML stream for `kubectl diff -f -` or `kubectl apply --
 for each CdnCluster its ConfigMap, Service and Deployment, for each At the pod that runs its command
 when due. Sources are looked up among the given manifests only; nothing is read from a cluster.
 
-An unapplied manifest has no uid, so the children carry no ownerReferences and the nginx
-configuration no source revision (the uid the operator writes next to each CdnCluster source): a
-diff against live objects shows those lines too. Manifests exported from the cluster
-(`kubectl get cdn -o yaml`) carry their uids and render exactly what the operator applies, bar its
-applied-hash annotation.
+An unapplied manifest has no uid, so the children carry no ownerReferences: a diff against live
+objects shows those lines too. Manifests exported from the cluster (`kubectl get cdn -o yaml`)
+carry their uids and render exactly what the operator applies, bar its applied-hash annotation.
+Service names are written in the cluster domain of --cluster-domain, as the operator's own flag
+sets it.
 
 Exit status: 0 rendered; 1 a spec the operator would not deploy (on stderr, the message its Ready
 condition would carry, Scheduled for an At; nothing on stdout), or unreadable input; 2 usage
@@ -44,6 +44,10 @@ pub struct Args {
     /// The pods' user and groups, as the operator's own flags pin them.
     #[command(flatten)]
     pub pods: RunAs,
+
+    /// The cluster's DNS domain, as the operator's own flag sets it.
+    #[arg(long, default_value = sources::DEFAULT_CLUSTER_DOMAIN)]
+    pub cluster_domain: String,
 }
 
 /// What the operator would create, in the order of the manifests.
@@ -55,13 +59,17 @@ pub struct Rendered {
 
 /// Builds the children of every object, or says, for each object the operator would not deploy,
 /// what its Ready condition would say.
-pub fn render(manifests: &Manifests, run_as: &RunAs) -> Result<Rendered, Vec<String>> {
+pub fn render(
+    manifests: &Manifests,
+    run_as: &RunAs,
+    cluster_domain: &str,
+) -> Result<Rendered, Vec<String>> {
     let index = Index::new(&manifests.clusters);
     let mut problems = Vec::new();
     let mut clusters = Vec::new();
     for cluster in &manifests.clusters {
         let namespace = cluster.namespace().unwrap_or_default();
-        match sources::resolve(cluster, index.lookup(&namespace)) {
+        match sources::resolve(cluster, index.lookup(&namespace), cluster_domain) {
             Ok(upstreams) => clusters.push(build::children(cluster, &upstreams, run_as)),
             Err(problem) => problems.push(format!(
                 "CdnCluster {namespace}/{}: {}",
@@ -128,7 +136,7 @@ pub fn main(args: Args) -> ExitCode {
         Err(error) => return crate::fail(&error),
     };
     super::print_notes(&manifests.notes);
-    match render(&manifests, &args.pods) {
+    match render(&manifests, &args.pods, &args.cluster_domain) {
         Ok(rendered) if args.nginx_only => super::print_out(&rendered.nginx()),
         Ok(rendered) => super::print_out(&rendered.yaml()),
         Err(problems) => {

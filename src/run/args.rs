@@ -1,6 +1,7 @@
 //! The flags and environment of `cdn-operator run`.
 
 use crate::cache::Scope;
+use crate::cdncluster::sources::DEFAULT_CLUSTER_DOMAIN;
 use crate::restricted::RunAs;
 use crate::runtime::leader;
 use crate::runtime::logs::{self, LogFormat};
@@ -98,11 +99,26 @@ pub struct Args {
     #[arg(long, env = "SHUTDOWN_TIMEOUT", default_value = "25s", value_parser = parse_duration)]
     pub shutdown_timeout: Duration,
 
+    /// The cluster's DNS domain, in the names of the Services the CdnClusters' nginx looks up
+    /// (default: the one this pod's /etc/resolv.conf searches, else cluster.local).
+    #[arg(long, env = "KUBERNETES_CLUSTER_DOMAIN")]
+    pub cluster_domain: Option<String>,
+
     #[command(flatten)]
     pub pods: RunAs,
 }
 
 impl Args {
+    /// The cluster domain: the flag's, else the one of the pod's DNS search list.
+    pub fn cluster_domain(&self) -> String {
+        self.cluster_domain.clone().unwrap_or_else(|| {
+            std::fs::read_to_string("/etc/resolv.conf")
+                .ok()
+                .and_then(|conf| cluster_domain_searched(&conf))
+                .unwrap_or_else(|| DEFAULT_CLUSTER_DOMAIN.to_string())
+        })
+    }
+
     pub fn scope(&self) -> Scope {
         match &self.namespace {
             Some(ns) if !ns.is_empty() => Scope::Namespace(ns.clone()),
@@ -166,5 +182,34 @@ impl Args {
             filter,
             otlp: Otlp::from_env(|name| std::env::var(name).ok())?,
         })
+    }
+}
+
+/// The cluster domain a pod's resolv.conf searches: kubelet writes `search <namespace>.svc.<domain>
+/// svc.<domain> <domain>`; `None` outside a cluster.
+pub fn cluster_domain_searched(resolv_conf: &str) -> Option<String> {
+    resolv_conf
+        .lines()
+        .filter_map(|line| line.strip_prefix("search"))
+        .flat_map(str::split_whitespace)
+        .find_map(|domain| domain.strip_prefix("svc."))
+        .map(|domain| domain.trim_end_matches('.').to_string())
+        .filter(|domain| !domain.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cluster_domain_searched;
+
+    #[test]
+    fn the_cluster_domain_is_the_one_a_pod_searches() {
+        let pod = "search cdn-operator-system.svc.example.internal svc.example.internal example.internal\nnameserver 10.96.0.10\noptions ndots:5\n";
+        assert_eq!(
+            cluster_domain_searched(pod).as_deref(),
+            Some("example.internal")
+        );
+        let host = "nameserver 127.0.0.53\nsearch corp.example\n";
+        assert_eq!(cluster_domain_searched(host), None);
+        assert_eq!(cluster_domain_searched("search svc.\n"), None);
     }
 }

@@ -144,6 +144,7 @@ pub async fn run(args: Args) -> Result<(), String> {
         leadership.clone(),
         concurrency,
         args.pods.clone(),
+        args.cluster_domain(),
     );
     register_cdncluster_gauges(&metrics, ctx.clusters.clone(), leadership.clone());
     let cdnclusters = glue.controller(

@@ -32,7 +32,14 @@ impl Dns {
 
     /// A server on a free port of 127.0.0.1 that knows no name yet.
     pub fn start() -> Dns {
-        let socket = UdpSocket::bind("127.0.0.1:0").expect("a UDP port on loopback");
+        Dns::start_on("127.0.0.1:0".parse().expect("an address"))
+    }
+
+    /// A server on `addr` (port 53 of a loopback address, as a pod's nameserver: resolv.conf
+    /// names no port) that knows no name yet.
+    pub fn start_on(addr: SocketAddr) -> Dns {
+        let socket = UdpSocket::bind(addr)
+            .unwrap_or_else(|e| panic!("binding the test DNS server to {addr}: {e}"));
         // Wakes the thread now and then to see whether it must stop.
         socket
             .set_read_timeout(Some(Duration::from_millis(50)))

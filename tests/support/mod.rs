@@ -335,6 +335,7 @@ impl FakeApi {
             // The caches are filled by hand before each reconcile: no watch to wait for.
             writes_visible_within: std::time::Duration::ZERO,
             settled,
+            cluster_domain: cdn_operator::cdncluster::sources::DEFAULT_CLUSTER_DOMAIN.into(),
         })
     }
 }
@@ -416,11 +417,63 @@ pub fn nginx_config(
     all: &[CdnCluster],
     paths: &cdn_operator::cdncluster::nginx::Paths,
 ) -> String {
-    let upstreams = cdn_operator::cdncluster::sources::resolve(c, |name| {
-        all.iter()
-            .find(|x| x.metadata.name.as_deref() == Some(name))
-            .map(|x| Arc::new(x.clone()))
-    })
+    let upstreams = cdn_operator::cdncluster::sources::resolve(
+        c,
+        |name| {
+            all.iter()
+                .find(|x| x.metadata.name.as_deref() == Some(name))
+                .map(|x| Arc::new(x.clone()))
+        },
+        cdn_operator::cdncluster::sources::DEFAULT_CLUSTER_DOMAIN,
+    )
     .unwrap_or_else(|problem| panic!("{problem:?}"));
     cdn_operator::cdncluster::build::config(c, &upstreams, paths)
+}
+
+/// The names the nginx instances of a test look up, as a pod finds them: the Services' names
+/// (fully qualified) in a DNS server of the test on port 53 of `dns_ip` (nginx looks them up while
+/// it runs), every name in an /etc/hosts for its sandbox too (a URL origin's host is looked up
+/// when nginx loads its configuration).
+pub struct Names {
+    pub dns: cdn_operator_testkit::Dns,
+    pub hosts: std::path::PathBuf,
+}
+
+impl Names {
+    /// Names in `dir`/hosts and in a DNS server on `dns_ip`:53, each mapped to its address.
+    pub fn new(dir: &std::path::Path, dns_ip: &str, names: &[(&str, &str)]) -> Names {
+        let dns = cdn_operator_testkit::Dns::start_on(format!("{dns_ip}:53").parse().unwrap());
+        let mut text = String::from("127.0.0.1 localhost\n::1 localhost\n");
+        for (name, ip) in names {
+            text.push_str(&format!("{ip} {name}\n"));
+            dns.set(name, &[ip.parse().unwrap()]);
+        }
+        let hosts = dir.join("hosts");
+        std::fs::write(&hosts, text).unwrap();
+        Names { dns, hosts }
+    }
+
+    /// Writes the resolver an nginx with its temp files in `temp_dir` includes: what the pod's
+    /// entrypoint writes for a nameserver at this DNS server's address.
+    pub fn resolver_for(&self, temp_dir: &str) {
+        let file =
+            std::path::Path::new(temp_dir).join(cdn_operator::cdncluster::nginx::RESOLVER_FILE);
+        std::fs::create_dir_all(temp_dir).unwrap();
+        std::fs::write(file, self.resolv_line()).unwrap();
+    }
+
+    /// A resolv.conf naming this DNS server, for a sandbox running the pod's entrypoint.
+    pub fn resolv_conf(&self, dir: &std::path::Path) -> std::path::PathBuf {
+        let path = dir.join("resolv.conf");
+        std::fs::write(&path, format!("nameserver {}\n", self.dns.addr().ip())).unwrap();
+        path
+    }
+
+    fn resolv_line(&self) -> String {
+        format!(
+            "resolver {} ipv6=off valid={};\n",
+            self.dns.addr().ip(),
+            cdn_operator::cdncluster::nginx::RESOLVER_VALID
+        )
+    }
 }

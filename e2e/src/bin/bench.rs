@@ -754,7 +754,11 @@ impl Ready {
         self.waiting.retain(|cluster| {
             let ns = cluster.namespace().unwrap_or_default();
             let lookup = |name: &str| all.get(&(ns.clone(), name.to_string())).cloned();
-            match sources::resolve(cluster, lookup) {
+            match sources::resolve(
+                cluster,
+                lookup,
+                cdn_operator::cdncluster::sources::DEFAULT_CLUSTER_DOMAIN,
+            ) {
                 Ok(upstreams) => {
                     ready.push((cluster.clone(), upstreams));
                     false

@@ -12,9 +12,11 @@
 //! does with a `..data` symlink), started with the Deployment's command word for word (the new
 //! `/bin/sh /etc/nginx/cdn/run.sh`, or the old `nginx -e stderr -c … -g 'daemon off;'`), as uid 101
 //! (the image's user), its standard output (the access log) kept in a file as a container runtime
-//! keeps it. Names resolve through the sandbox's /etc/hosts: edge.default.svc → 127.0.0.10,
-//! cache-1.default.svc → 127.0.0.11, cache-2.default.svc → 127.0.0.12, origin.default.svc →
-//! 127.0.0.20.
+//! keeps it. Names resolve as in a cluster: the sandbox's /etc/resolv.conf names a DNS server of the
+//! benchmark at 127.0.0.53 (which nginx asks for the names it looks up while it runs: the
+//! Services' fully qualified names, `edge.default.svc.cluster.local` …), and its /etc/hosts holds
+//! the short names (`edge.default.svc`, which older configurations resolve when nginx starts):
+//! edge → 127.0.0.10, cache-1 → 127.0.0.11, cache-2 → 127.0.0.12, origin → 127.0.0.20.
 //!
 //! The one change to the generated text: its line `listen 8080;` becomes `listen 127.0.0.X:80;`
 //! (the pod's address and its Service's port, as a parent reaches it). Nothing else is touched.
@@ -71,6 +73,7 @@
 
 use cdn_operator_e2e::operator_binary;
 use cdn_operator_testkit::nginx::{self, Nginx, Sandbox};
+use cdn_operator_testkit::Dns;
 use clap::Parser;
 use k8s_openapi::api::apps::v1::Deployment;
 use serde::Deserialize;
@@ -187,8 +190,11 @@ fn main() -> ExitCode {
     let www = dir.join("www");
     make_content(&www);
     let hosts = hosts_file(&dir);
+    let (dns, resolv_conf) = cluster_dns(&dir);
     let setup = Setup {
         hosts,
+        resolv_conf,
+        _dns: dns,
         www,
         user: isolated.then_some(POD_USER),
         isolated,
@@ -256,6 +262,9 @@ fn main() -> ExitCode {
 /// What every column shares.
 struct Setup {
     hosts: PathBuf,
+    resolv_conf: PathBuf,
+    /// Answers the pods' lookups while it lives.
+    _dns: Dns,
     www: PathBuf,
     /// The pods' uid and gid; `None`: root.
     user: Option<(u32, u32)>,
@@ -507,7 +516,9 @@ fn start_pod(
         .ok_or("the Deployment has no pod template")?;
     let container = spec.containers.first().ok_or("the pod has no container")?;
     let volumes = spec.volumes.as_deref().unwrap_or_default();
-    let mut sandbox = Sandbox::read_only_root().hosts(&setup.hosts);
+    let mut sandbox = Sandbox::read_only_root()
+        .hosts(&setup.hosts)
+        .resolv_conf(&setup.resolv_conf);
     for mount in container.volume_mounts.as_deref().unwrap_or_default() {
         let volume = volumes
             .iter()
@@ -1724,6 +1735,20 @@ fn make_content(www: &Path) {
 
 fn pattern(len: usize) -> Vec<u8> {
     (0..len).map(|i| b'a' + (i % 26) as u8).collect()
+}
+
+/// The cluster's DNS server (port 53 of 127.0.0.53) with the Services' fully qualified names, and
+/// the resolv.conf that names it.
+fn cluster_dns(dir: &Path) -> (Dns, PathBuf) {
+    let dns = Dns::start_on(SocketAddr::from(([127, 0, 0, 53], 53)));
+    for (cluster, ip) in PODS.iter().chain([&("origin", ORIGIN_IP)]) {
+        let ip = ip.parse().expect("an IPv4 address");
+        dns.set(&format!("{cluster}.default.svc.cluster.local"), &[ip]);
+    }
+    let path = dir.join("resolv.conf");
+    std::fs::write(&path, "nameserver 127.0.0.53\n").expect("writing resolv.conf");
+    chmod(&path, 0o644);
+    (dns, path)
 }
 
 /// The sandboxes' /etc/hosts: the Services' names on loopback addresses.
