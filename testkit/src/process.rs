@@ -288,10 +288,19 @@ mod tests {
 
     #[test]
     fn usage_counts_a_thread_that_waits() {
-        let own = || Usage::of(std::process::id()).expect("this process's usage");
-        let before = own().switches;
-        std::thread::sleep(Duration::from_millis(20));
-        let after = own().switches;
+        // A process of its own, waiting again and again: this test process's threads come and go
+        // with the other tests, and a thread gone takes its counts with it.
+        let mut waiter = std::process::Command::new("sh")
+            .args(["-c", "while :; do sleep 0.01; done"])
+            .spawn()
+            .expect("sh");
+        let usage = || Usage::of(waiter.id()).expect("the waiter's usage");
+        std::thread::sleep(Duration::from_millis(50));
+        let before = usage().switches;
+        std::thread::sleep(Duration::from_millis(200));
+        let after = usage().switches;
+        let _ = waiter.kill();
+        let _ = waiter.wait();
         assert!(after.voluntary > before.voluntary, "{before:?} → {after:?}");
         assert!(after.involuntary >= before.involuntary);
     }
