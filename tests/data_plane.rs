@@ -198,11 +198,21 @@ impl World {
             .unwrap_or_else(|e| panic!("{method} {path} to {to}: {e}"))
     }
 
-    /// What the origin served so far.
+    /// What the origin served so far. nginx writes a request's log line after its last byte,
+    /// so an answer can arrive before its line: read until the log stays the same for 20 ms.
     fn served(&self) -> Vec<Served> {
-        std::fs::read_to_string(self.path().join("origin.access"))
-            .unwrap_or_default()
-            .lines()
+        let read =
+            || std::fs::read_to_string(self.path().join("origin.access")).unwrap_or_default();
+        let mut log = read();
+        loop {
+            std::thread::sleep(Duration::from_millis(20));
+            let again = read();
+            if again == log {
+                break;
+            }
+            log = again;
+        }
+        log.lines()
             .map(|line| {
                 let f: Vec<&str> = line.split(' ').collect();
                 Served {

@@ -6,6 +6,9 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+/// nginx's time syntax, as the CRD checks it: `30s`, `10m`, `1d`.
+const DURATION_PATTERN: &str = r"^[1-9][0-9]*(ms|s|m|h|d|w|M|y)?$";
+
 /// The longest CdnCluster name whose children still have valid names: the pod label value
 /// `<name>-deployment` must fit in 63 characters.
 pub const MAX_NAME_LEN: usize = 63 - "-deployment".len();
@@ -225,13 +228,13 @@ pub struct CacheSpec {
     /// Cached objects not requested for this long are removed, in nginx's time syntax (`10m`, `1h`,
     /// `1d`). Default `10m`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(regex(pattern = r"^[1-9][0-9]*(ms|s|m|h|d|w|M|y)?$"))]
+    #[schemars(regex(pattern = DURATION_PATTERN))]
     pub inactive: Option<String>,
 
     /// How long a successful response (200, 206, 301, 302) stays fresh when the source does not say
     /// (no `Cache-Control` or `Expires`) and no rule matches, in nginx's time syntax. Default `10m`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(regex(pattern = r"^[1-9][0-9]*(ms|s|m|h|d|w|M|y)?$"))]
+    #[schemars(regex(pattern = DURATION_PATTERN))]
     pub valid: Option<String>,
 
     /// Lifetimes by path when the source does not say, first match wins: for HLS and DASH,
@@ -245,7 +248,7 @@ pub struct CacheSpec {
     /// How long a 404 or 410 answer stays cached when the source does not say: the requests for a
     /// missing object within it reach the source once. Default `1s`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(regex(pattern = r"^[1-9][0-9]*(ms|s|m|h|d|w|M|y)?$"))]
+    #[schemars(regex(pattern = DURATION_PATTERN))]
     pub not_found_valid: Option<String>,
 
     /// Large objects are fetched and cached in slices of this size, so a range request fetches only
@@ -266,7 +269,7 @@ pub struct CacheRule {
 
     /// How long a successful response (200, 206, 301, 302) of a matching path stays fresh, in
     /// nginx's time syntax.
-    #[schemars(regex(pattern = r"^[1-9][0-9]*(ms|s|m|h|d|w|M|y)?$"))]
+    #[schemars(regex(pattern = DURATION_PATTERN))]
     pub valid: String,
 }
 

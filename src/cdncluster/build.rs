@@ -37,9 +37,9 @@ pub const ENTRYPOINT_KEY: &str = "run.sh";
 /// Where the ConfigMap is mounted.
 pub const CONFIG_DIR: &str = "/etc/nginx/cdn";
 
-/// The container's entrypoint (`sh`): gives nginx the pod's nameserver, for the names it looks up
-/// while it runs (nginx reads no resolv.conf), runs nginx and applies a new configuration in place. The
-/// ConfigMap volume follows a change within about a minute; nginx re-reads its configuration on
+/// The container's entrypoint (`sh`): gives nginx the pod's nameserver, for the names it looks
+/// up while it runs (nginx reads no resolv.conf), runs nginx and applies a new configuration in
+/// place. The ConfigMap volume follows a change within about a minute; nginx re-reads its configuration on
 /// SIGHUP, keeping its cache, its open connections and the old configuration if the new one is
 /// refused. So a change of routing or lifetimes rolls out no pod and empties no cache. Kubernetes
 /// stops the container with the image's stop signal (SIGQUIT for nginx's images) or SIGTERM: either

@@ -20,7 +20,7 @@ pub const CACHE_STATUS_HEADER: &str = "X-Cache-Status";
 pub const UPSTREAM_HEADER: &str = "X-Cdn-Upstream";
 /// The file, in the temp folder, where the entrypoint writes nginx's `resolver` directive.
 pub const RESOLVER_FILE: &str = "resolver.conf";
-/// How long nginx keeps what it looked up: a Service re-created is followed this fast.
+/// How long nginx keeps what it looked up: a source's new address is followed this fast.
 pub const RESOLVER_VALID: &str = "5s";
 /// A pool member that fails this many times within [`POOL_FAIL_TIMEOUT`] is left out for
 /// [`POOL_FAIL_TIMEOUT`], then tried again. Only its own failures count (refused, reset, timed out):
@@ -98,12 +98,8 @@ pub struct Upstream {
     pub path_condition: Option<String>,
     /// `http` or `https`.
     pub scheme: &'static str,
-    /// `host:port` nginx connects to.
+    /// `host:port` nginx connects to; a host name is looked up while nginx runs.
     pub address: String,
-    /// The address is a name of the cluster's DNS that nginx looks up again while it runs
-    /// (`resolve`): a Service that appears after nginx started, or is re-created with another
-    /// address, is followed without a new configuration.
-    pub resolve: bool,
     /// The Host header sent upstream; `None` keeps the client's.
     pub host_header: Option<String>,
     /// A path prefixed to every request path (from an origin URL).
@@ -304,9 +300,9 @@ pub fn render(
             inactive = cache.inactive,
         );
     }
-    if upstreams.iter().any(|u| u.resolve) {
-        // nginx looks names up itself, with the DNS server the entrypoint found in the pod's
-        // /etc/resolv.conf (nginx reads no resolv.conf).
+    if !upstreams.is_empty() {
+        // nginx looks its sources up itself, with the DNS server the entrypoint found in the
+        // pod's /etc/resolv.conf (nginx reads no resolv.conf).
         let _ = writeln!(c, "    include {tmp}/{RESOLVER_FILE};");
     }
     write_forwarding(&mut c, &http.trusted_proxies);
@@ -330,22 +326,23 @@ pub fn render(
             // points, and nginx takes turns between them.)
             let _ = writeln!(c, "        hash $host$uri{KEY_ARGS} consistent;");
         }
-        if spread || pool.iter().any(|&m| upstreams[m].resolve) {
-            // Failures seen by one worker mark the member down for all of them; the addresses
-            // looked up while nginx runs are kept there too.
-            let _ = writeln!(c, "        zone source_{i} 64k;");
-        }
+        // The addresses nginx looks up while it runs are kept in the zone, and the failures
+        // seen by one worker mark a member down for all of them.
+        let _ = writeln!(c, "        zone source_{i} 64k;");
         for &m in pool {
             let up = &upstreams[m];
-            let resolve = if up.resolve { " resolve" } else { "" };
+            // `resolve`: a name is looked up again while nginx runs (every `RESOLVER_VALID`), so a
+            // Service that appears after nginx started, is re-created with another address, or an
+            // origin whose DNS changes is followed without a new configuration; an address is
+            // taken as it is.
             if spread {
                 let _ = writeln!(
                     c,
-                    "        server {}{resolve} weight={} max_fails={POOL_MAX_FAILS} fail_timeout={POOL_FAIL_TIMEOUT};",
+                    "        server {} resolve weight={} max_fails={POOL_MAX_FAILS} fail_timeout={POOL_FAIL_TIMEOUT};",
                     up.address, up.weight,
                 );
             } else {
-                let _ = writeln!(c, "        server {}{resolve};", up.address);
+                let _ = writeln!(c, "        server {} resolve;", up.address);
             }
         }
         // Connections to every source are reused (HTTP/1.1 without `Connection: close`, set in

@@ -8,8 +8,8 @@ use kube::ResourceExt;
 use std::collections::HashMap;
 
 /// Whether a new version of a CdnCluster can change what its parents build or report: its
-/// existence, its identity (a new uid means a new Service address) and its spec (its sources make
-/// or break cycles). Not its status, which the operator itself writes at every transition.
+/// existence, its identity (one deleted and created again, the two events possibly folded into
+/// one by a re-list, is checked again) and its spec (its sources make or break cycles). Not its status, which the operator itself writes at every transition.
 pub fn concerns_parents(old: Option<&CdnCluster>, new: &CdnCluster) -> bool {
     old.is_none_or(|old| {
         old.uid() != new.uid() || old.metadata.generation != new.metadata.generation

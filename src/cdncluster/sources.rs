@@ -25,6 +25,27 @@ pub fn service_address(name: &str, namespace: &str, cluster_domain: &str, port: 
 /// The cluster domain when nothing says otherwise.
 pub const DEFAULT_CLUSTER_DOMAIN: &str = "cluster.local";
 
+/// A cluster domain as a flag gives it (`cluster.local`, `example.internal.`), checked: lower-case
+/// DNS labels separated by dots, without the final dot.
+pub fn parse_cluster_domain(domain: &str) -> Result<String, String> {
+    let domain = domain.strip_suffix('.').unwrap_or(domain);
+    let label_ok = |label: &str| {
+        (1..=63).contains(&label.len())
+            && !label.starts_with('-')
+            && !label.ends_with('-')
+            && label
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+    };
+    if domain.len() <= 253 && domain.split('.').all(label_ok) {
+        Ok(domain.to_string())
+    } else {
+        Err(format!(
+            "{domain:?} is not a DNS domain such as cluster.local (lower-case labels separated by dots)"
+        ))
+    }
+}
+
 /// The port on which a CdnCluster's Service serves.
 pub const SERVICE_PORT: i32 = 80;
 
@@ -89,7 +110,6 @@ where
             path_condition: source.path_condition.clone(),
             scheme: "http",
             address: String::new(),
-            resolve: false,
             host_header: None,
             path_prefix: String::new(),
             weight: source.weight().unsigned_abs(),
@@ -100,7 +120,6 @@ where
                 Some(_) => {
                     upstream.address =
                         service_address(&source.name, &namespace, cluster_domain, SERVICE_PORT);
-                    upstream.resolve = true;
                 }
                 None => missing.push(source.name.clone()),
             },
@@ -129,7 +148,6 @@ where
                     }
                     upstream.address =
                         service_address(&service.name, &namespace, cluster_domain, service.port);
-                    upstream.resolve = true;
                 }
                 _ => {
                     return Err(Problem::Invalid(format!(

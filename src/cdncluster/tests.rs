@@ -68,7 +68,9 @@ fn seed_balancer_resolves_its_caches_through_their_services() {
         "cache-live.default.svc.cluster.local:80"
     );
     assert_eq!(upstreams[0].path_condition.as_deref(), Some("^/live/"));
-    assert!(upstreams[0].resolve, "looked up while nginx runs");
+    // Looked up while nginx runs.
+    let conf = build::config(&all[0], &upstreams, &Paths::default());
+    assert!(conf.contains("        server cache-live.default.svc.cluster.local:80 resolve;\n"));
     assert_eq!(
         upstreams[1].address,
         "cache-vod.default.svc.cluster.local:80"
@@ -324,7 +326,13 @@ fn origins_resolve_to_urls_and_services() {
     assert_eq!(ups[0].host_header.as_deref(), Some("origin.example.com"));
     assert_eq!(ups[0].path_prefix, "/media");
     assert_eq!(ups[1].address, "vod-store.default.svc.cluster.local:8080");
-    assert_eq!((ups[0].resolve, ups[1].resolve), (false, true));
+    // Both are looked up while nginx runs, the URL's host as the Service.
+    let conf = build::config(&c, &ups, &Paths::default());
+    assert!(
+        conf.contains("        server origin.example.com:443 resolve;\n"),
+        "{conf}"
+    );
+    assert!(conf.contains("        server vod-store.default.svc.cluster.local:8080 resolve;\n"));
 
     for (url, why) in [
         ("ftp://x", "only http and https"),
@@ -528,7 +536,6 @@ fn nginx_routes_in_order_with_default_or_404() {
         address: format!("{name}.default.svc:80"),
         host_header: None,
         path_prefix: String::new(),
-        resolve: false,
         weight: 1,
         tier: true,
     };
@@ -578,7 +585,6 @@ fn nginx_quotes_regexes_and_caches_as_tuned() {
         address: "o.default.svc:80".into(),
         host_header: None,
         path_prefix: String::new(),
-        resolve: false,
         weight: 1,
         tier: false,
     };
@@ -1190,4 +1196,28 @@ fn the_entrypoint_gives_nginx_the_pods_nameserver() {
         nginx::RESOLVER_VALID,
         nginx::RESOLVER_FILE
     )));
+}
+
+#[test]
+fn a_cluster_domain_is_checked() {
+    assert_eq!(
+        sources::parse_cluster_domain("cluster.local").as_deref(),
+        Ok("cluster.local")
+    );
+    assert_eq!(
+        sources::parse_cluster_domain("k8s-1.example.internal.").as_deref(),
+        Ok("k8s-1.example.internal")
+    );
+    for bad in [
+        "",
+        ".",
+        "Cluster.Local",
+        "cluster..local",
+        "-a.local",
+        "a b",
+        "a_b.local",
+    ] {
+        let error = sources::parse_cluster_domain(bad).unwrap_err();
+        assert!(error.contains("is not a DNS domain"), "{bad:?}: {error}");
+    }
 }

@@ -46,7 +46,7 @@ pub struct Args {
     pub pods: RunAs,
 
     /// The cluster's DNS domain, as the operator's own flag sets it.
-    #[arg(long, default_value = sources::DEFAULT_CLUSTER_DOMAIN)]
+    #[arg(long, default_value = sources::DEFAULT_CLUSTER_DOMAIN, value_parser = sources::parse_cluster_domain)]
     pub cluster_domain: String,
 }
 

@@ -1,7 +1,7 @@
 //! The flags and environment of `cdn-operator run`.
 
 use crate::cache::Scope;
-use crate::cdncluster::sources::DEFAULT_CLUSTER_DOMAIN;
+use crate::cdncluster::sources::{parse_cluster_domain, DEFAULT_CLUSTER_DOMAIN};
 use crate::restricted::RunAs;
 use crate::runtime::leader;
 use crate::runtime::logs::{self, LogFormat};
@@ -101,7 +101,7 @@ pub struct Args {
 
     /// The cluster's DNS domain, in the names of the Services the CdnClusters' nginx looks up
     /// (default: the one this pod's /etc/resolv.conf searches, else cluster.local).
-    #[arg(long, env = "KUBERNETES_CLUSTER_DOMAIN")]
+    #[arg(long, env = "KUBERNETES_CLUSTER_DOMAIN", value_parser = parse_cluster_domain)]
     pub cluster_domain: Option<String>,
 
     #[command(flatten)]
@@ -193,8 +193,7 @@ pub fn cluster_domain_searched(resolv_conf: &str) -> Option<String> {
         .filter_map(|line| line.strip_prefix("search"))
         .flat_map(str::split_whitespace)
         .find_map(|domain| domain.strip_prefix("svc."))
-        .map(|domain| domain.trim_end_matches('.').to_string())
-        .filter(|domain| !domain.is_empty())
+        .and_then(|domain| parse_cluster_domain(domain).ok())
 }
 
 #[cfg(test)]
@@ -211,5 +210,9 @@ mod tests {
         let host = "nameserver 127.0.0.53\nsearch corp.example\n";
         assert_eq!(cluster_domain_searched(host), None);
         assert_eq!(cluster_domain_searched("search svc.\n"), None);
+        assert_eq!(
+            cluster_domain_searched("search svc.example.internal.\n").as_deref(),
+            Some("example.internal")
+        );
     }
 }
