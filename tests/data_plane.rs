@@ -3,8 +3,8 @@
 //! `cache-b` → a Service origin that counts the connections, requests and bytes it serves.
 //!
 //! The configurations are the operator's, with only the listen address and the file paths moved
-//! (`Paths`); an /etc/hosts of the sandbox maps the Service names to loopback addresses. Each test
-//! has a /24 of loopback of its own, so the tests run side by side.
+//! (`Paths`); a DNS server of the test (on 127.0.`net`.53) maps the Service names to loopback
+//! addresses. Each test has a /24 of loopback of its own, so the tests run side by side.
 
 mod support;
 
@@ -12,9 +12,10 @@ use cdn_operator::api::{CacheRule, CacheSpec, CdnCluster, CdnClusterSpec, HttpSp
 use cdn_operator::cdncluster::build::{self, CONFIG_KEY, ENTRYPOINT, ENTRYPOINT_KEY};
 use cdn_operator::cdncluster::nginx::{Paths, CACHE_STATUS_HEADER, UPSTREAM_HEADER};
 use cdn_operator_testkit::{request, Nginx, Response, Sandbox};
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
-use support::{nginx_config, Names};
+use support::{nginx_config, wait_resolved, Names};
 
 const HOST: (&str, &str) = ("Host", "cdn.example");
 
@@ -48,13 +49,21 @@ fn service_name(name: &str) -> String {
     format!("{name}.default.svc.cluster.local")
 }
 
-/// The hosts of a world on 127.0.`net`.0/24.
+/// The IP of `name` in a world on 127.0.`net`.0/24.
+fn ip(net: u8, name: &str) -> String {
+    address(net, name).trim_end_matches(":80").to_string()
+}
+
+/// The hosts of a world on 127.0.`net`.0/24, on their Services' port.
 fn address(net: u8, name: &str) -> String {
     let host = match name {
         "origin" => 10,
         "cache-a" => 11,
         "cache-b" => 12,
         "edge" => 20,
+        // Pods started again, and late (sources_are_looked_up_while_nginx_runs).
+        "cache-b-again" => 13,
+        "cache-a-late" => 14,
         other => panic!("no address for {other}"),
     };
     format!("127.0.{net}.{host}:80")
@@ -66,7 +75,7 @@ fn address(net: u8, name: &str) -> String {
 fn origin_config(dir: &Path, net: u8) -> String {
     let d = dir.display();
     let listen = address(net, "origin");
-    let status = listen.replace(":80", ":81");
+    let status = format!("{}:81", ip(net, "origin"));
     format!(
         "pid {d}/origin.pid;\nevents {{}}\nhttp {{\n\
          \x20 log_format count '$request_method $uri $status $body_bytes_sent';\n\
@@ -97,14 +106,15 @@ struct Served {
 
 /// A topology running: the origin, then each CdnCluster's nginx.
 struct World {
-    dir: tempfile::TempDir,
     net: u8,
-    /// The Services' names, in the DNS server the CdnClusters' nginx asks.
-    names: Names,
     sandbox: Sandbox,
     clusters: Vec<CdnCluster>,
-    origin: Option<Nginx>,
     running: Vec<(String, Nginx)>,
+    origin: Nginx,
+    /// The Services' names, in the DNS server the CdnClusters' nginx asks.
+    names: Names,
+    /// Last: removed once everything that writes in it has stopped (fields drop in order).
+    dir: tempfile::TempDir,
 }
 
 impl World {
@@ -115,11 +125,11 @@ impl World {
         std::fs::create_dir_all(d.join("tmp")).unwrap();
         let ips: Vec<(String, String)> = ["origin", "cache-a", "cache-b", "edge"]
             .into_iter()
-            .map(|name| (service_name(name), address(net, name).replace(":80", "")))
+            .map(|name| (service_name(name), ip(net, name)))
             .collect();
         let pairs: Vec<(&str, &str)> = ips.iter().map(|(n, a)| (n.as_str(), a.as_str())).collect();
         let names = Names::new(d, &format!("127.0.{net}.53"), &pairs);
-        let sandbox = Sandbox::new().share(d).hosts(&names.hosts);
+        let sandbox = names.sandbox(d);
         let origin = Nginx::start(
             &sandbox,
             "origin",
@@ -133,7 +143,7 @@ impl World {
             names,
             sandbox,
             clusters,
-            origin: Some(origin),
+            origin,
             running: Vec::new(),
         };
         for name in ["cache-a", "cache-b", "edge"] {
@@ -159,8 +169,15 @@ impl World {
     }
 
     /// Starts an instance (`instance`, a pod) of the CdnCluster `name` listening on `listen`, with
-    /// temp and cache folders of its own.
+    /// temp and cache folders of its own...
+    /// ... once it found its sources in DNS (`wait_resolved`).
     fn run_instance(&mut self, name: &str, instance: &str, listen: &str) {
+        self.start_instance(name, instance, listen);
+        wait_resolved(listen, HOST.1);
+    }
+
+    /// [`World::run_instance`] without waiting for the sources to resolve.
+    fn start_instance(&mut self, name: &str, instance: &str, listen: &str) {
         let own = self.path().join(instance);
         std::fs::create_dir_all(&own).unwrap();
         let paths = Paths {
@@ -168,8 +185,9 @@ impl World {
             temp_dir: own.to_str().unwrap().into(),
             cache_dir: own.to_str().unwrap().into(),
         };
-        self.names.resolver_for(&paths.temp_dir);
-        let conf = nginx_config(self.cluster(name), &self.clusters, &paths);
+        let conf = self
+            .names
+            .config(self.cluster(name), &self.clusters, &paths);
         let nginx = Nginx::start(&self.sandbox, instance, &conf, self.path(), &paths.listen);
         self.running.push((instance.into(), nginx));
     }
@@ -213,14 +231,14 @@ impl World {
             log = again;
         }
         log.lines()
-            .map(|line| {
-                let f: Vec<&str> = line.split(' ').collect();
-                Served {
-                    method: f[0].into(),
-                    uri: f[1].into(),
-                    status: f[2].parse().unwrap(),
-                    bytes: f[3].parse().unwrap(),
-                }
+            .map(|line| line.split(' ').collect::<Vec<&str>>())
+            // Not the probes of `wait_resolved`.
+            .filter(|f| !f[1].starts_with("/not-here/"))
+            .map(|f| Served {
+                method: f[0].into(),
+                uri: f[1].into(),
+                status: f[2].parse().unwrap(),
+                bytes: f[3].parse().unwrap(),
             })
             .collect()
     }
@@ -231,7 +249,7 @@ impl World {
 
     /// The TCP connections the origin accepted so far, this count's own excluded.
     fn origin_connections(&self) -> u64 {
-        let status = address(self.net, "origin").replace(":80", ":81");
+        let status = format!("{}:81", ip(self.net, "origin"));
         let text = request(&status, "GET", "/", &[], b"").unwrap().body;
         // "Active connections: 1\nserver accepts handled requests\n 12 12 40\n..."
         let counts = text.lines().nth(2).unwrap();
@@ -267,6 +285,10 @@ fn connections_to_every_tier_are_reused() {
         world.put(&format!("/obj/{i}"), format!("object {i}").as_bytes());
     }
     let before = world.origin_connections();
+    let caches = ["cache-a", "cache-b"].map(|c| address(world.net, c));
+    let cache_sockets =
+        || -> BTreeSet<String> { caches.iter().flat_map(|c| tcp_sockets_at(c)).collect() };
+    let sockets_before = cache_sockets();
     for i in 0..60 {
         let r = world.get(&format!("/obj/{i}"), &[]);
         assert_eq!(
@@ -283,6 +305,37 @@ fn connections_to_every_tier_are_reused() {
         connections <= 8,
         "{connections} origin connections for 60 sequential misses"
     );
+    // So does the edge with the caches: the caches' ends of the connections they accepted
+    // meanwhile, open or closed a moment ago (TIME_WAIT), are a handful too.
+    let accepted = cache_sockets().difference(&sockets_before).count();
+    assert!(
+        accepted <= 8,
+        "{accepted} connections accepted by the caches for 60 requests"
+    );
+    assert!(
+        !cache_sockets().is_empty(),
+        "the edge's connections, kept open, are seen"
+    );
+}
+
+/// The TCP sockets whose local end is `addr` (`a.b.c.d:port`), its listener excluded, by their
+/// remote end: the connections it accepted, open or just closed (TIME_WAIT lasts a minute, so an
+/// earlier test's may still be there).
+fn tcp_sockets_at(addr: &str) -> Vec<String> {
+    let (ip, port) = addr.split_once(':').unwrap();
+    let ip: std::net::Ipv4Addr = ip.parse().unwrap();
+    let port: u16 = port.parse().unwrap();
+    // /proc/net/tcp writes an IPv4 address as its u32 in host byte order, in hex.
+    let local = format!("{:08X}:{port:04X}", u32::from_ne_bytes(ip.octets()));
+    std::fs::read_to_string("/proc/net/tcp")
+        .unwrap()
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            (fields[1] == local && fields[3] != "0A").then(|| format!("{addr} {}", fields[2]))
+        })
+        .collect()
 }
 
 #[test]
@@ -315,10 +368,12 @@ fn forwarded_headers_are_trusted_only_from_trusted_proxies() {
     let r = world.ask("cache-b", "GET", "/echo/b", &forged);
     assert_eq!(r.body, "127.0.0.1|http");
     // Through the edge, which trusts no one: the client forges nothing; a cache that trusts the
-    // balancer appends it.
+    // balancer appends it. Both caches are seen.
+    let mut seen = BTreeSet::new();
     for i in 0..10 {
         let r = world.get(&format!("/echo/edge-{i}"), &forged);
-        let via_a = r.header(UPSTREAM_HEADER) == Some("127.0.2.11:80");
+        let via_a = r.header(UPSTREAM_HEADER) == Some(address(2, "cache-a").as_str());
+        seen.insert(via_a);
         let expected = if via_a {
             "127.0.0.1, 127.0.0.1|http"
         } else {
@@ -326,6 +381,7 @@ fn forwarded_headers_are_trusted_only_from_trusted_proxies() {
         };
         assert_eq!(r.body, expected, "via {:?}", r.header(UPSTREAM_HEADER));
     }
+    assert_eq!(seen.len(), 2, "the 10 paths all went to one cache");
 }
 
 #[test]
@@ -394,7 +450,7 @@ fn the_cache_key_holds_the_host_and_leaves_out_excluded_parameters() {
 
 #[test]
 fn origin_errors_stay_at_the_origin() {
-    let mut world = World::start(4, topology(|_| {}));
+    let world = World::start(4, topology(|_| {}));
     let segments: Vec<String> = (0..20).map(|i| format!("/live/{i}.ts")).collect();
     for s in &segments {
         world.put(s, s.as_bytes());
@@ -421,7 +477,7 @@ fn origin_errors_stay_at_the_origin() {
 
     // The origin hangs: what the caches hold is served at once; a miss gets the cache's 504
     // once the cache gives up on the origin, before the balancer would give up on the cache.
-    world.origin.as_ref().unwrap().pause();
+    world.origin.pause();
     let started = Instant::now();
     let (miss, hits) = std::thread::scope(|s| {
         let miss = s.spawn(|| world.get("/live/new.ts", &[]));
@@ -436,7 +492,7 @@ fn origin_errors_stay_at_the_origin() {
         (miss.join().unwrap(), hits)
     });
     let waited = started.elapsed();
-    world.origin.as_ref().unwrap().resume();
+    world.origin.resume();
     for (status, took) in &hits {
         assert_eq!(*status, 200);
         // At once, not after the 8 s the cache gives the hung origin.
@@ -454,7 +510,6 @@ fn origin_errors_stay_at_the_origin() {
     for s in &segments {
         assert_eq!(world.get(s, &[]).header(CACHE_STATUS_HEADER), Some("HIT"));
     }
-    world.origin.take();
 }
 
 #[test]
@@ -468,6 +523,7 @@ fn ranges_fetch_only_their_slices_and_a_head_no_body() {
     let r = world.get("/vod/big.bin", &[("Range", &range)]);
     assert_eq!(r.status, 206);
     assert_eq!(r.header("Content-Length"), Some("1048576"));
+    assert!(r.body.as_bytes() == &big[last..], "the last MiB");
     let from_origin: u64 = world.served().iter().map(|s| s.bytes).sum();
     // The last MiB is one slice (two when it straddles them): not the whole object.
     assert!(
@@ -480,6 +536,7 @@ fn ranges_fetch_only_their_slices_and_a_head_no_body() {
     world.put("/vod/other.bin", &big);
     let r = world.ask("edge", "HEAD", "/vod/other.bin", &[]);
     assert_eq!(r.status, 200);
+    assert!(r.body.is_empty());
     assert_eq!(r.header("Content-Length"), Some("8388608"));
     let heads = world.served_for("/vod/other.bin");
     assert_eq!(heads.len(), 1);
@@ -572,10 +629,15 @@ fn live_manifests_follow_the_origin_when_it_says_nothing() {
         }),
     );
     world.put("/vod/notes.txt", b"v1");
+    world.put("/live/index.m3u8", b"#EXTM3U\n#1\n");
     assert_eq!(world.get("/vod/notes.txt", &[]).body, "v1");
+    assert_eq!(world.get("/live/index.m3u8", &[]).body, "#EXTM3U\n#1\n");
     world.put("/vod/notes.txt", b"v2.");
+    world.put("/live/index.m3u8", b"#EXTM3U\n#1\n#2\n");
     std::thread::sleep(Duration::from_millis(2100));
     assert_eq!(world.get("/vod/notes.txt", &[]).body, "v2.");
+    // The default manifest rule (2 s) is gone: the manifest keeps `valid` (10 m).
+    assert_eq!(world.get("/live/index.m3u8", &[]).body, "#EXTM3U\n#1\n");
 }
 
 /// A ConfigMap volume as the kubelet writes it: `KEY -> ..data/KEY`, `..data -> ..<version>`,
@@ -638,12 +700,16 @@ fn a_configuration_change_is_applied_in_place_and_keeps_the_cache() {
     );
     nginx.wait_listening(listen, &conf);
     world.running.push(("pod".into(), nginx));
+    wait_resolved(listen, HOST.1);
 
     let objects: Vec<String> = (0..50).map(|i| format!("/vod/{i}.ts")).collect();
     for o in &objects {
         world.put(o, o.as_bytes());
         let r = request(listen, "GET", o, &[HOST], b"").unwrap();
-        assert_eq!(r.header(CACHE_STATUS_HEADER), Some("MISS"));
+        assert_eq!(
+            (r.status, r.header(CACHE_STATUS_HEADER)),
+            (200, Some("MISS"))
+        );
     }
     // A new lifetime and a new size (a keys zone of another size): reloaded, every object
     // still a HIT.
@@ -656,14 +722,20 @@ fn a_configuration_change_is_applied_in_place_and_keeps_the_cache() {
     assert_ne!(new, conf);
     volume.update(&[(CONFIG_KEY, &new), (ENTRYPOINT_KEY, ENTRYPOINT)]);
     let log = || std::fs::read_to_string(world.path().join("pod.log")).unwrap();
-    // The entrypoint looks every 2 s; nginx says "reconfiguring" on SIGHUP, then starts new
-    // workers.
+    // The entrypoint looks every 2 s; nginx says "reconfiguring" on SIGHUP, starts new workers,
+    // then tells the old ones to finish: from then on only the new configuration answers.
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !(log().contains("reloading nginx") && log().contains("reconfiguring")) {
+    while ![
+        "reloading nginx",
+        "reconfiguring",
+        "gracefully shutting down",
+    ]
+    .iter()
+    .all(|line| log().contains(line))
+    {
         assert!(Instant::now() < deadline, "not reloaded:\n{}", log());
         std::thread::sleep(Duration::from_millis(100));
     }
-    std::thread::sleep(Duration::from_millis(500));
     let not_hits: Vec<String> = objects
         .iter()
         .filter_map(|o| {
@@ -681,11 +753,14 @@ fn a_configuration_change_is_applied_in_place_and_keeps_the_cache() {
     assert!(!log().contains("[emerg]"), "{}", log());
     assert_eq!(world.served().len(), objects.len(), "nothing fetched again");
 
-    // The pod's stop signal stops nginx gracefully through the entrypoint.
+    // The pod's stop signal stops nginx gracefully through the entrypoint (said after what the
+    // reload said).
+    let reloaded = log().len();
     let (_, pod) = world.running.pop().unwrap();
     let log = pod.stop();
+    let stopping = &log[reloaded..];
     assert!(
-        log.contains("gracefully shutting down") || log.contains("exiting"),
+        stopping.contains("gracefully shutting down") || stopping.contains("exiting"),
         "{log}"
     );
 }
@@ -709,28 +784,28 @@ fn sources_are_looked_up_while_nginx_runs() {
             .collect()
     };
     let first = via(&world);
-    let old_b = address(10, "cache-b");
+    let old_b = address(world.net, "cache-b");
     assert!(first.contains(&old_b), "{first:?}");
 
     // cache-b is deleted and created again: its Service gets another address, where its new pod
     // answers. The edge follows the name within its lookups' lifetime, with no new
     // configuration and no request failed (the old address fails over to cache-a meanwhile).
-    let new_b = "127.0.10.13:80";
-    world.run_instance("cache-b", "cache-b-again", new_b);
+    let new_b = address(world.net, "cache-b-again");
+    world.run_instance("cache-b", "cache-b-again", &new_b);
     let stopped = world
         .running
         .iter()
         .position(|(n, _)| n == "cache-b")
         .unwrap();
     drop(world.running.remove(stopped));
-    world
-        .names
-        .dns
-        .set(&service_name("cache-b"), &["127.0.10.13".parse().unwrap()]);
+    world.names.dns.set(
+        &service_name("cache-b"),
+        &[ip(world.net, "cache-b-again").parse().unwrap()],
+    );
     let deadline = Instant::now() + Duration::from_secs(15);
     let now = loop {
         let now = via(&world);
-        if now.iter().any(|a| a == new_b) || Instant::now() > deadline {
+        if now.contains(&new_b) || Instant::now() > deadline {
             break now;
         }
         std::thread::sleep(Duration::from_millis(500));
@@ -740,7 +815,7 @@ fn sources_are_looked_up_while_nginx_runs() {
         .iter()
         .map(|a| {
             if *a == old_b {
-                new_b.to_string()
+                new_b.clone()
             } else {
                 a.clone()
             }
@@ -753,16 +828,16 @@ fn sources_are_looked_up_while_nginx_runs() {
     // A cache whose origin's Service does not exist yet starts anyway (nginx refused to start
     // with a name it could not resolve), answers 502 meanwhile, and fetches once it exists.
     world.names.dns.remove(&service_name("origin"));
-    let late = "127.0.10.14:80";
-    world.run_instance("cache-a", "cache-a-late", late);
-    let ask = || request(late, "GET", "/vod/late.ts", &[HOST], b"").unwrap();
+    let late = address(world.net, "cache-a-late");
+    world.start_instance("cache-a", "cache-a-late", &late);
+    let ask = || request(&late, "GET", "/vod/late.ts", &[HOST], b"").unwrap();
     world.put("/vod/late.ts", b"late");
     std::thread::sleep(Duration::from_secs(1));
     assert_eq!(ask().status, 502);
-    world
-        .names
-        .dns
-        .set(&service_name("origin"), &["127.0.10.10".parse().unwrap()]);
+    world.names.dns.set(
+        &service_name("origin"),
+        &[ip(world.net, "origin").parse().unwrap()],
+    );
     let deadline = Instant::now() + Duration::from_secs(15);
     while ask().status != 200 {
         assert!(

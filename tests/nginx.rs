@@ -2,9 +2,10 @@
 //! the testkit's root): `nginx -t` for every shape of spec, and the seed topology serving real
 //! requests (balancer → cache-live / cache-vod → origins).
 //!
-//! Each nginx runs in a sandbox whose /etc/hosts maps the in-cluster Service names of the
-//! configuration to loopback addresses, so the configurations under test are exactly the ones the
-//! operator ships, with only the listen address and file paths moved.
+//! The in-cluster Service names of the configuration resolve to loopback addresses through a DNS
+//! server of each test (nginx looks them up while it runs; `support::Names`), so the
+//! configurations under test are exactly the ones the operator ships, with only the listen
+//! address and file paths moved.
 
 mod support;
 
@@ -17,7 +18,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use support::{nginx_config, Names};
+use support::{wait_resolved, Names};
 
 fn cluster(name: &str, role: Role, sources: Vec<Source>) -> CdnCluster {
     let mut c = CdnCluster::new(name, CdnClusterSpec::new(role, sources));
@@ -26,27 +27,13 @@ fn cluster(name: &str, role: Role, sources: Vec<Source>) -> CdnCluster {
     c
 }
 
-/// The names of a test: `names` mapped to addresses in an /etc/hosts and in a DNS server on
-/// `dns_ip`:53 (a loopback address of the test's own: the tests run side by side).
-fn names(dir: &Path, dns_ip: &str, names: &[(&str, &str)]) -> Names {
-    Names::new(dir, dns_ip, names)
-}
+// The names of each test are in an /etc/hosts and in a DNS server on port 53 of a loopback
+// address of the test's own (`Names`: the tests run side by side).
 
-/// The configuration of `c` (`nginx_config`), with the resolver its nginx includes written.
-fn config(c: &CdnCluster, world: &[CdnCluster], paths: &Paths, names: &Names) -> String {
-    names.resolver_for(&paths.temp_dir);
-    nginx_config(c, world, paths)
-}
-
-/// The sandbox of the nginx instances of a test: `dir` shared, `hosts` as /etc/hosts.
-fn sandbox(dir: &Path, hosts: &Path) -> Sandbox {
-    Sandbox::new().share(dir).hosts(hosts)
-}
-
-fn check(conf: &str, dir: &Path, hosts: &Path) {
+fn check(conf: &str, dir: &Path, names: &Names) {
     let file = dir.join("nginx.conf");
     std::fs::write(&file, conf).unwrap();
-    if let Err(report) = test_config(&sandbox(dir, hosts), &file) {
+    if let Err(report) = test_config(&names.sandbox(dir), &file) {
         panic!("nginx -t refused the generated configuration:\n{report}\n--- configuration ---\n{conf}");
     }
 }
@@ -54,7 +41,7 @@ fn check(conf: &str, dir: &Path, hosts: &Path) {
 #[test]
 fn every_generated_configuration_passes_nginx_t() {
     let dir = tempfile::tempdir().unwrap();
-    let names = names(
+    let names = Names::new(
         dir.path(),
         "127.0.0.51",
         &[
@@ -66,7 +53,6 @@ fn every_generated_configuration_passes_nginx_t() {
             ("origin.example.com", "127.0.0.1"),
         ],
     );
-    let hosts = names.hosts.clone();
     let live = cluster("cache-live", Role::Cache, vec![]);
     let vod = cluster("cache-vod", Role::Cache, vec![]);
     let mut tuned = cluster(
@@ -165,7 +151,7 @@ fn every_generated_configuration_passes_nginx_t() {
             temp_dir: case.to_str().unwrap().into(),
             ..Paths::default()
         };
-        check(&config(c, &world, &paths, &names), &case, &hosts);
+        check(&names.config(c, &world, &paths), &case, &names);
     }
 }
 
@@ -173,22 +159,40 @@ fn every_generated_configuration_passes_nginx_t() {
 fn nginx_t_catches_a_broken_configuration() {
     // The check above must be able to fail: a config nginx cannot read is reported.
     let dir = tempfile::tempdir().unwrap();
-    let names = names(dir.path(), "127.0.0.52", &[]);
-    let hosts = names.hosts.clone();
     let file = dir.path().join("nginx.conf");
     std::fs::write(
         &file,
         "events {}\nhttp { server { location ~ \"(\" { } } }\n",
     )
     .unwrap();
-    let refused = test_config(&sandbox(dir.path(), &hosts), &file);
+    let refused = test_config(&Sandbox::new().share(dir.path()), &file);
     assert!(refused.is_err(), "{refused:?}");
 }
 
 /// `conf` run by nginx as the instance `name`, its files in `dir`; once it listens on `addr`.
 /// Stopped gracefully when dropped.
-fn start(name: &str, conf: &str, dir: &Path, hosts: &Path, addr: &str) -> Nginx {
-    Nginx::start(&sandbox(dir, hosts), name, conf, dir, addr)
+fn start(name: &str, conf: &str, dir: &Path, names: &Names, addr: &str) -> Nginx {
+    Nginx::start(&names.sandbox(dir), name, conf, dir, addr)
+}
+
+/// The nginx of `c`, configured for `paths`, as [`start`] runs it; once it found its sources.
+fn start_cluster(
+    c: &CdnCluster,
+    world: &[CdnCluster],
+    paths: &Paths,
+    dir: &Path,
+    names: &Names,
+) -> Nginx {
+    let name = c.metadata.name.as_deref().unwrap();
+    let nginx = start(
+        name,
+        &names.config(c, world, paths),
+        dir,
+        names,
+        &paths.listen,
+    );
+    wait_resolved(&paths.listen, HOST);
+    nginx
 }
 
 /// The Host of the test's requests: the CDN's public name.
@@ -205,14 +209,14 @@ fn try_get(addr: &str, path: &str) -> std::io::Result<Response> {
 }
 
 /// An origin: nginx serving the files under `root` at `addr`, its temp files under `dir`/tmp.
-fn start_origin(name: &str, root: &Path, dir: &Path, hosts: &Path, addr: &str) -> Nginx {
+fn start_origin(name: &str, root: &Path, dir: &Path, names: &Names, addr: &str) -> Nginx {
     let tmp = dir.join("tmp");
     std::fs::create_dir_all(&tmp).unwrap();
     start(
         name,
         &static_server_config(root, &tmp, addr),
         dir,
-        hosts,
+        names,
         addr,
     )
 }
@@ -230,7 +234,7 @@ fn seed_topology_routes_caches_and_answers_404() {
     std::fs::write(vod_root.join("vod/movie.mp4"), "VOD-MOVIE").unwrap();
     std::fs::write(vod_root.join("other.txt"), "VOD-OTHER").unwrap();
 
-    let names = names(
+    let names = Names::new(
         d,
         "127.0.0.53",
         &[
@@ -240,7 +244,6 @@ fn seed_topology_routes_caches_and_answers_404() {
             ("origin-vod.default.svc.cluster.local", "127.0.0.22"),
         ],
     );
-    let hosts = names.hosts.clone();
 
     // The seed examples, with an origin added to each cache ("add origins here").
     let cache_live = cluster(
@@ -281,14 +284,14 @@ fn seed_topology_routes_caches_and_answers_404() {
         "origin-live",
         &live_root,
         d,
-        &hosts,
+        &names,
         "127.0.0.21:80",
     ));
     servers.push(start_origin(
         "origin-vod",
         &vod_root,
         d,
-        &hosts,
+        &names,
         "127.0.0.22:80",
     ));
     // Each CdnCluster listens where its Service name points, on the Service port.
@@ -306,13 +309,7 @@ fn seed_topology_routes_caches_and_answers_404() {
             temp_dir: own.to_str().unwrap().into(),
             cache_dir: own.to_str().unwrap().into(),
         };
-        servers.push(start(
-            &name,
-            &config(c, &world, &paths, &names),
-            d,
-            &hosts,
-            addr,
-        ));
+        servers.push(start_cluster(c, &world, &paths, d, &names));
     }
 
     let balancer = "127.0.0.13:80";
@@ -449,7 +446,7 @@ fn a_pool_spreads_uris_by_consistent_hashing_and_fails_over_without_errors() {
         // The body is the URI: an answer tells which object it is.
         std::fs::write(root.join(&uri[1..]), uri).unwrap();
     }
-    let names = names(
+    let names = Names::new(
         d,
         "127.0.0.54",
         &[
@@ -459,8 +456,7 @@ fn a_pool_spreads_uris_by_consistent_hashing_and_fails_over_without_errors() {
             ("origin.default.svc.cluster.local", "127.0.0.40"),
         ],
     );
-    let hosts = names.hosts.clone();
-    let _origin = start_origin("origin", &root, d, &hosts, "127.0.0.40:80");
+    let _origin = start_origin("origin", &root, d, &names, "127.0.0.40:80");
     let paths = |name: &str, listen: &str| {
         let own = d.join(name);
         std::fs::create_dir_all(&own).unwrap();
@@ -473,13 +469,7 @@ fn a_pool_spreads_uris_by_consistent_hashing_and_fails_over_without_errors() {
     let world = pool_world(1);
     let run = |c: &CdnCluster, listen: &str| {
         let name = c.metadata.name.clone().unwrap();
-        start(
-            &name,
-            &config(c, &world, &paths(&name, listen), &names),
-            d,
-            &hosts,
-            listen,
-        )
+        start_cluster(c, &world, &paths(&name, listen), d, &names)
     };
     let mut caches: Vec<Option<Nginx>> = POOL_CACHES
         .iter()
@@ -630,17 +620,12 @@ fn a_pool_spreads_uris_by_consistent_hashing_and_fails_over_without_errors() {
     // Weights 2:1:1 give cache-a about half of the URIs.
     let weighted = pool_world(2);
     let addr = "127.0.0.34:80";
-    let _weighted = start(
-        "balancer-weighted",
-        &config(
-            &weighted[0],
-            &weighted,
-            &paths("balancer-weighted", addr),
-            &names,
-        ),
+    let _weighted = start_cluster(
+        &weighted[0],
+        &weighted,
+        &paths("balancer-weighted", addr),
         d,
-        &hosts,
-        addr,
+        &names,
     );
     let heavy = shares(&pass(addr, &uris));
     eprintln!("weighted 2:1:1 shares of cache-a, cache-b, cache-c: {heavy:.3?}");
@@ -674,7 +659,7 @@ fn start_as_pod(
     children: &build::Children,
     conf: &str,
     dir: &Path,
-    (hosts, resolv): (&Path, &Path),
+    names: &Names,
     addr: &str,
 ) -> Nginx {
     let pod = pod_spec(&children.deployment);
@@ -687,7 +672,9 @@ fn start_as_pod(
         std::fs::write(config.join(key), text).unwrap();
     }
     // The pod's read-only root filesystem, and its volumes.
-    let mut sandbox = Sandbox::read_only_root().hosts(hosts).resolv_conf(resolv);
+    let mut sandbox = Sandbox::read_only_root()
+        .hosts(&names.hosts)
+        .resolv_conf(names.resolv_conf(dir));
     for mount in container.volume_mounts.as_deref().unwrap() {
         let volume = volumes.iter().find(|v| v.name == mount.name).unwrap();
         if volume.empty_dir.is_some() {
@@ -704,6 +691,7 @@ fn start_as_pod(
     let command = sandbox.command(container.command.as_deref().unwrap());
     let server = Nginx::spawn("pod", command, &dir.join("pod-nginx.log"));
     server.wait_listening(addr, conf);
+    wait_resolved(addr, HOST);
     server
 }
 
@@ -724,13 +712,12 @@ fn the_pod_runs_nginx_as_any_uid_writing_only_to_its_empty_dirs() {
         .map(|i| (b'a' + (i % 26) as u8) as char)
         .collect();
     std::fs::write(origin_root.join("vod/movie.mp4"), &movie).unwrap();
-    let names = names(
+    let names = Names::new(
         d,
         "127.0.0.55",
         &[("origin.default.svc.cluster.local", "127.0.0.42")],
     );
-    let hosts = names.hosts.clone();
-    let _origin = start_origin("origin", &origin_root, d, &hosts, "127.0.0.42:80");
+    let _origin = start_origin("origin", &origin_root, d, &names, "127.0.0.42:80");
 
     for (name, role) in [("cache", Role::Cache), ("balancer", Role::Balancer)] {
         let c = cluster(
@@ -765,8 +752,7 @@ fn the_pod_runs_nginx_as_any_uid_writing_only_to_its_empty_dirs() {
 
         let own = d.join(name);
         std::fs::create_dir_all(&own).unwrap();
-        let resolv = names.resolv_conf(&own);
-        let server = start_as_pod(&children, &conf, &own, (&hosts, &resolv), addr);
+        let server = start_as_pod(&children, &conf, &own, &names, addr);
         assert_eq!(get(addr, "/healthz").status, 200, "{name}");
         let r = get(addr, "/vod/movie.mp4");
         assert_eq!((r.status, r.body.len()), (200, movie.len()), "{name}");

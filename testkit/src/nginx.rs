@@ -82,7 +82,7 @@ impl Sandbox {
     }
 
     /// Another root, read-only, nothing writable.
-    pub fn in_root(root: PathBuf) -> Sandbox {
+    fn in_root(root: PathBuf) -> Sandbox {
         Sandbox {
             root,
             mounts: BTreeMap::new(),
@@ -140,7 +140,7 @@ impl Sandbox {
     }
 
     /// Whether `path` of the host is visible and writable at its own path.
-    pub fn shares(&self, path: &Path) -> bool {
+    fn shares(&self, path: &Path) -> bool {
         let path = absolute(path);
         self.mounts.iter().any(|(target, mount)| {
             matches!(mount, Mount::Bind { source, writable: true } if source == target)
@@ -433,12 +433,6 @@ impl Nginx {
         }
     }
 
-    /// The pid of the sandbox's command, as the host sees it: nginx's (its master's when it has
-    /// one), or its entrypoint's.
-    pub fn pid(&self) -> u32 {
-        self.pid
-    }
-
     /// What it wrote to its standard error so far.
     pub fn log(&self) -> String {
         let mut text = String::new();
@@ -460,7 +454,7 @@ impl Nginx {
     }
 
     /// Sends nginx `signal`; panics if it is gone.
-    pub fn signal(&self, signal: crate::Signal) {
+    fn signal(&self, signal: crate::Signal) {
         assert!(
             self.running(),
             "nginx {} has exited\n{}",

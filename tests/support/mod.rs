@@ -462,6 +462,24 @@ impl Names {
         std::fs::write(file, self.resolv_line()).unwrap();
     }
 
+    /// The configuration of `c` ([`nginx_config`]), with the resolver it includes written.
+    pub fn config(
+        &self,
+        c: &CdnCluster,
+        all: &[CdnCluster],
+        paths: &cdn_operator::cdncluster::nginx::Paths,
+    ) -> String {
+        self.resolver_for(&paths.temp_dir);
+        nginx_config(c, all, paths)
+    }
+
+    /// A sandbox sharing `dir`, with these names as its /etc/hosts.
+    pub fn sandbox(&self, dir: &std::path::Path) -> cdn_operator_testkit::Sandbox {
+        cdn_operator_testkit::Sandbox::new()
+            .share(dir)
+            .hosts(&self.hosts)
+    }
+
     /// A resolv.conf naming this DNS server, for a sandbox running the pod's entrypoint.
     pub fn resolv_conf(&self, dir: &std::path::Path) -> std::path::PathBuf {
         let path = dir.join("resolv.conf");
@@ -475,5 +493,32 @@ impl Names {
             self.dns.addr().ip(),
             cdn_operator::cdncluster::nginx::RESOLVER_VALID
         )
+    }
+}
+
+/// Waits until the nginx at `addr` has looked its sources up. nginx asks the DNS server once it
+/// runs: a request before the answer finds no address ("no live upstreams", 502). In a pod that is
+/// the first round trip to the cluster's DNS, before the kubelet's first readiness probe; after a
+/// reload the addresses carry over. Asks for a path no origin has (`/not-here/…`), with `host`,
+/// until the answer is not a 502.
+pub fn wait_resolved(addr: &str, host: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let r = cdn_operator_testkit::request(
+            addr,
+            "GET",
+            "/not-here/resolved",
+            &[("Host", host)],
+            b"",
+        )
+        .unwrap_or_else(|e| panic!("GET from {addr}: {e}"));
+        if r.status != 502 {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{addr} never resolved its sources"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
     }
 }
