@@ -71,6 +71,8 @@
 //! timeouts, every nginx stopped on exit (and, bubblewrap's `--die-with-parent`, if this process
 //! dies).
 
+use cdn_operator::cdncluster::build::{self, CONFIG_KEY, ENTRYPOINT_KEY};
+use cdn_operator::cdncluster::nginx::{CACHE_STATUS_HEADER, UPSTREAM_HEADER};
 use cdn_operator_e2e::operator_binary;
 use cdn_operator_testkit::nginx::{self, Nginx, Sandbox};
 use cdn_operator_testkit::Dns;
@@ -119,7 +121,7 @@ struct Args {
 
 /// The Host of the requests (but row 3's).
 const HOST: &str = "cdn.test";
-/// The pods: CdnCluster, address, role.
+/// The pods: CdnCluster and address, parents before sources.
 const PODS: [(&str, &str); 3] = [
     ("edge", "127.0.0.10"),
     ("cache-1", "127.0.0.11"),
@@ -196,7 +198,6 @@ fn main() -> ExitCode {
         resolv_conf,
         _dns: dns,
         www,
-        user: isolated.then_some(POD_USER),
         isolated,
         wrk_seconds: args.wrk_seconds,
         wrk_rounds: args.wrk_rounds.max(1),
@@ -217,11 +218,7 @@ fn main() -> ExitCode {
         std::fs::create_dir_all(&column_dir).expect("a column directory");
         chmod(&column_dir, 0o755);
         let figures = match Cdn::start(&setup, binary, &column_dir) {
-            Ok(mut cdn) => {
-                let figures = cdn.run_rows(&setup);
-                drop(cdn);
-                figures
-            }
+            Ok(mut cdn) => cdn.run_rows(&setup),
             Err(error) => {
                 eprintln!("dataplane: column {name}: {error}");
                 Vec::new()
@@ -239,6 +236,7 @@ fn main() -> ExitCode {
 
     let table = table(&results);
     println!("{table}");
+    let mut code = ExitCode::SUCCESS;
     if let Some(path) = &args.json {
         let document = json!({
             "nginx": version,
@@ -249,14 +247,14 @@ fn main() -> ExitCode {
         let text = serde_json::to_string_pretty(&document).expect("JSON");
         if let Err(error) = std::fs::write(path, text + "\n") {
             eprintln!("dataplane: writing {}: {error}", path.display());
-            return ExitCode::FAILURE;
+            code = ExitCode::FAILURE;
         }
     }
     if args.keep {
         let kept = work.keep();
         eprintln!("dataplane: kept {}", kept.display());
     }
-    ExitCode::SUCCESS
+    code
 }
 
 /// What every column shares.
@@ -266,8 +264,7 @@ struct Setup {
     /// Answers the pods' lookups while it lives.
     _dns: Dns,
     www: PathBuf,
-    /// The pods' uid and gid; `None`: root.
-    user: Option<(u32, u32)>,
+    /// Whether the run has a network namespace of its own (then the pods run as [`POD_USER`]).
     isolated: bool,
     wrk_seconds: u64,
     wrk_rounds: u32,
@@ -275,6 +272,45 @@ struct Setup {
     only: Vec<String>,
     has_wrk: bool,
 }
+
+impl Setup {
+    /// The pods' uid and gid; `None`: root.
+    fn user(&self) -> Option<(u32, u32)> {
+        self.isolated.then_some(POD_USER)
+    }
+
+    /// Whether row `id` runs (`--only`).
+    fn runs(&self, id: &str) -> bool {
+        self.only.is_empty() || self.only.iter().any(|o| o == id)
+    }
+}
+
+/// The lines of the table, in order: id, what is measured, target (`-`: none).
+#[rustfmt::skip]
+const ROWS: &[(&str, &str, &str)] = &[
+    ("1a", "origin TCP connections, 500 sequential misses (1 client keep-alive conn)", "<= 10"),
+    ("1b", "TCP connections accepted by the caches from the balancer, same loop", "-"),
+    ("2", "req/s, cached 1 KiB: balancer->cache / nginx direct (wrk -t1 -c50)", ">= 0.65"),
+    ("2b", "req/s, same object asked of its cache directly / nginx direct", "-"),
+    ("3", "cross-host hits: customer-b after customer-a cached the path", "0"),
+    ("4", "failed of 20 cached segments after 3 quick origin 503s", "0"),
+    ("5", "failed of 75 cached requests during an origin 503 a second (5 s)", "0"),
+    ("6", "failed of 100 cached requests, origin hung (SIGSTOP)", "0"),
+    ("7a", "cold range (last 1 MB of 50 MB): time to first byte", "<= 0.3 s"),
+    ("7b", "cold range (last 1 MB of 50 MB): bytes sent by the origin",
+        "<= 2 slices (2 MiB + headers)"),
+    ("8a", "8 concurrent cold 1 MB ranges of 50 MB: bytes sent by the origin", "-"),
+    ("8b", "8 concurrent cold 1 MB ranges of 50 MB: slowest request", "-"),
+    ("9a", "200 concurrent requests for a 404: p50 latency, origin requests", "-"),
+    ("9b", "200 concurrent requests, no-cache object: p50 latency, origin requests", "-"),
+    ("10", "origin requests for 20 sequential requests of a missing object", "<= 2"),
+    ("11", "live manifest without Cache-Control: seconds until a new version is served", "-"),
+    ("12", "origin requests for 200 concurrent misses of one object", "1"),
+    ("13", "HEAD of an uncached 50 MB object: bytes sent by the origin", "-"),
+    ("14", "hit ratio of 200 cached objects: before -> right after a config change",
+        "after >= 90 % of before"),
+    ("15", "fetches per object from the origin, 3-replica cache cluster", "1"),
+];
 
 /// One measured line of the table.
 #[derive(Clone, Debug)]
@@ -290,14 +326,12 @@ struct Figure {
     data: Value,
 }
 
-fn figure(
-    id: &'static str,
-    what: &'static str,
-    target: &'static str,
-    shown: String,
-    met: Option<bool>,
-    data: Value,
-) -> Figure {
+/// The figure of line `id` of [`ROWS`] (which must have it).
+fn figure(id: &str, shown: String, met: Option<bool>, data: Value) -> Figure {
+    let &(id, what, target) = ROWS
+        .iter()
+        .find(|(row, _, _)| *row == id)
+        .unwrap_or_else(|| panic!("no line {id} in ROWS"));
     Figure {
         id,
         what,
@@ -394,27 +428,31 @@ fn render(
             Some("ConfigMap") => {
                 let data: BTreeMap<String, String> = serde_yaml::from_value(value["data"].clone())
                     .map_err(|e| format!("ConfigMap {name}: {e}"))?;
-                files.insert(name.trim_end_matches("-nginx").to_string(), data);
+                files.insert(name, data);
             }
             Some("Deployment") => {
                 let deployment: Deployment =
                     serde_yaml::from_value(value).map_err(|e| format!("Deployment {name}: {e}"))?;
-                deployments.insert(name.trim_end_matches("-deployment").to_string(), deployment);
+                deployments.insert(name, deployment);
             }
             _ => {}
         }
     }
     let mut desired = BTreeMap::new();
     for (cluster, _) in PODS {
+        let (config_map, deployment_name) = (
+            build::config_map_name(cluster),
+            build::deployment_name(cluster),
+        );
         let files = files
-            .remove(cluster)
-            .ok_or_else(|| format!("render gave no ConfigMap {cluster}-nginx"))?;
-        if !files.contains_key("nginx.conf") {
-            return Err(format!("ConfigMap {cluster}-nginx has no nginx.conf"));
+            .remove(&config_map)
+            .ok_or_else(|| format!("render gave no ConfigMap {config_map}"))?;
+        if !files.contains_key(CONFIG_KEY) {
+            return Err(format!("ConfigMap {config_map} has no {CONFIG_KEY}"));
         }
         let deployment = deployments
-            .remove(cluster)
-            .ok_or_else(|| format!("render gave no Deployment {cluster}-deployment"))?;
+            .remove(&deployment_name)
+            .ok_or_else(|| format!("render gave no Deployment {deployment_name}"))?;
         desired.insert(cluster.to_string(), Desired { files, deployment });
     }
     Ok(desired)
@@ -483,9 +521,6 @@ struct Pod {
     /// Its ConfigMap volume, and the generation projected there.
     config: PathBuf,
     generation: u32,
-    /// nginx's error log (the container's standard error; its access log, the standard output, is
-    /// `stdout.log` beside it).
-    stderr: PathBuf,
 }
 
 /// Starts `cluster` as its pod: the Deployment's volumes and command, the ConfigMap's files (the
@@ -535,7 +570,7 @@ fn start_pod(
             ));
         }
     }
-    if let Some((uid, gid)) = setup.user {
+    if let Some((uid, gid)) = setup.user() {
         sandbox = sandbox.user(uid, gid);
     }
     let mut argv: Vec<String> = container.command.clone().unwrap_or_default();
@@ -544,7 +579,7 @@ fn start_pod(
         return Err("the container has no command".into());
     }
     // The container's command word for word; its standard output (the access log) and error (the
-    // error log, run.sh's messages) to files, as a container runtime keeps them.
+    // error log, run.sh's messages: `Nginx::log`) to files, as a container runtime keeps them.
     let command = sandbox.command(&argv);
     // nginx reopens /dev/stdout by its /proc path: the pod's uid must be able to write to it.
     let stdout = logs.join("stdout.log");
@@ -556,22 +591,65 @@ fn start_pod(
         &logs.join("stderr.log"),
         &stdout,
     );
-    let stderr = logs.join("stderr.log");
-    nginx.wait_listening(&format!("{ip}:80"), &files["nginx.conf"]);
+    nginx.wait_listening(&format!("{ip}:80"), &files[CONFIG_KEY]);
     Ok(Pod {
         nginx,
         config,
         generation: 1,
-        stderr,
     })
 }
 
 /// The ConfigMap's files as the pod at `ip` gets them: nginx.conf with its listen line moved.
 fn pod_files(desired: &Desired, ip: &str) -> Result<BTreeMap<String, String>, String> {
     let mut files = desired.files.clone();
-    let conf = on_loopback(&files["nginx.conf"], ip)?;
-    files.insert("nginx.conf".into(), conf);
+    let conf = on_loopback(&files[CONFIG_KEY], ip)?;
+    files.insert(CONFIG_KEY.into(), conf);
     Ok(files)
+}
+
+/// A Deployment's pod template, to compare two renderings.
+fn pod_template(desired: &Desired) -> String {
+    serde_json::to_string(&desired.deployment.spec.as_ref().map(|s| &s.template))
+        .unwrap_or_default()
+}
+
+/// Projects `desired`'s files (a changed ConfigMap) into the pod's volume, as the kubelet does;
+/// when they have run.sh, waits for it to reload nginx. What happened.
+fn switch_files(pod: &mut Pod, desired: &Desired, ip: &str) -> String {
+    let (reloads, workers) = reload_counts(&pod.nginx);
+    pod.generation += 1;
+    let projected = pod_files(desired, ip)
+        .and_then(|files| project(&pod.config, &files, pod.generation).map_err(|e| e.to_string()));
+    if let Err(e) = projected {
+        return format!("ConfigMap changed, not projected: {e}");
+    }
+    if !desired.files.contains_key(ENTRYPOINT_KEY) {
+        return "ConfigMap changed: nothing reloads nginx".to_string();
+    }
+    let started = Instant::now();
+    let reloaded = wait_for(Duration::from_secs(10), || {
+        let (r, w) = reload_counts(&pod.nginx);
+        r > reloads && w > workers
+    });
+    // The new workers take the listening sockets; the old ones finish.
+    std::thread::sleep(Duration::from_millis(300));
+    if reloaded {
+        format!(
+            "ConfigMap changed: run.sh reloaded nginx in place ({:.1} s)",
+            started.elapsed().as_secs_f64()
+        )
+    } else {
+        "ConfigMap changed: run.sh did not reload nginx within 10 s".to_string()
+    }
+}
+
+/// The reloads run.sh announced and the worker processes nginx started, from its error log.
+fn reload_counts(nginx: &Nginx) -> (usize, usize) {
+    let log = nginx.log();
+    (
+        count(&log, "reloading nginx"),
+        count(&log, "start worker process"),
+    )
 }
 
 /// The origin's access log: one line per request, `$msec|$request|$status|$bytes_sent|$connection|
@@ -781,45 +859,13 @@ impl Cdn {
         let old = std::mem::replace(&mut self.desired, desired);
         for (cluster, ip) in PODS {
             let (before, after) = (&old[cluster], &self.desired[cluster]);
-            let template = |d: &Desired| {
-                serde_json::to_string(&d.deployment.spec.as_ref().map(|s| &s.template))
-                    .unwrap_or_default()
-            };
-            let what = if template(before) != template(after) {
+            let what = if pod_template(before) != pod_template(after) {
                 match self.restart_pod(setup, cluster) {
                     Ok(()) => "pod template changed: pod replaced (empty cache)".to_string(),
                     Err(e) => format!("pod template changed, new pod failed: {e}"),
                 }
             } else if before.files != after.files {
-                let pod = self.pods.get_mut(cluster).expect("a pod");
-                let reloads = count(&read(&pod.stderr), "reloading nginx");
-                let workers = count(&read(&pod.stderr), "start worker process");
-                pod.generation += 1;
-                let projected = pod_files(after, ip).and_then(|files| {
-                    project(&pod.config, &files, pod.generation).map_err(|e| e.to_string())
-                });
-                match projected {
-                    Err(e) => format!("ConfigMap changed, not projected: {e}"),
-                    Ok(()) if after.files.contains_key("run.sh") => {
-                        let started = Instant::now();
-                        let reloaded = wait_for(Duration::from_secs(10), || {
-                            let log = read(&pod.stderr);
-                            count(&log, "reloading nginx") > reloads
-                                && count(&log, "start worker process") > workers
-                        });
-                        // The new workers take the listening sockets; the old ones finish.
-                        std::thread::sleep(Duration::from_millis(300));
-                        if reloaded {
-                            format!(
-                                "ConfigMap changed: run.sh reloaded nginx in place ({:.1} s)",
-                                started.elapsed().as_secs_f64()
-                            )
-                        } else {
-                            "ConfigMap changed: run.sh did not reload nginx within 10 s".to_string()
-                        }
-                    }
-                    Ok(()) => "ConfigMap changed: nothing reloads nginx".to_string(),
-                }
+                switch_files(self.pods.get_mut(cluster).expect("a pod"), after, ip)
             } else {
                 "unchanged".to_string()
             };
@@ -832,7 +878,7 @@ impl Cdn {
     /// origin fail (4, 5, 6), a fresh balancer pod.
     fn run_rows(&mut self, setup: &Setup) -> Vec<Figure> {
         type Row = fn(&mut Cdn, &Setup) -> Vec<Figure>;
-        let rows: [(&str, Row, bool); 14] = [
+        let rows: [(&str, Row, bool); 15] = [
             ("1", |c, s| c.row1_connections(s), false),
             ("2", |c, s| c.row2_throughput(s), false),
             ("3", |c, _| c.row3_hosts(), false),
@@ -847,10 +893,11 @@ impl Cdn {
             ("12", |c, _| c.row12_collapsed_misses(), false),
             ("13", |c, _| c.row13_head(), false),
             ("14", |c, s| c.row14_config_change(s), false),
+            ("15", |_, _| row15_replicas(), false),
         ];
         let mut figures = Vec::new();
         for (id, row, resets) in rows {
-            if !setup.only.is_empty() && !setup.only.iter().any(|o| o == id) {
+            if !setup.runs(id) {
                 continue;
             }
             eprintln!("dataplane:   row {id}");
@@ -858,16 +905,6 @@ impl Cdn {
             if resets {
                 self.reset_balancer(setup);
             }
-        }
-        if setup.only.is_empty() || setup.only.iter().any(|o| o == "15") {
-            figures.push(figure(
-                "15",
-                "fetches per object from the origin, 3-replica cache cluster",
-                "1",
-                "not measured: replicas do not form a ring yet".into(),
-                None,
-                Value::Null,
-            ));
         }
         figures
     }
@@ -888,10 +925,7 @@ impl Cdn {
         let accepts_0 = origin_accepts();
         let opens_0 = passive_opens(setup);
         let mut client = Client::new(EDGE);
-        let mut failures = Failures::default();
-        for i in 0..500 {
-            failures.check(client.get(&format!("/obj/r1-{i}"), HOST), 200);
-        }
+        let failures = Failures::of((0..500).map(|i| client.get(&format!("/obj/r1-{i}"))), 200);
         let opens_1 = passive_opens(setup);
         let accepts_1 = origin_accepts();
         let entries = self
@@ -918,8 +952,6 @@ impl Cdn {
         vec![
             figure(
                 "1a",
-                "origin TCP connections, 500 sequential misses (1 client keep-alive conn)",
-                "<= 10",
                 shown,
                 origin_connections.map(|n| n <= 10),
                 json!({
@@ -932,8 +964,6 @@ impl Cdn {
             ),
             figure(
                 "1b",
-                "TCP connections accepted by the caches from the balancer, same loop",
-                "-",
                 match cache_connections {
                     Some(n) => format!("{n} conns"),
                     None => "not measured (no private network namespace)".into(),
@@ -951,13 +981,9 @@ impl Cdn {
     /// moment; the figure is the median of the rounds' ratios. 2b splits the cost between the two
     /// hops (informational).
     fn row2_throughput(&mut self, setup: &Setup) -> Vec<Figure> {
-        let what = "req/s, cached 1 KiB: balancer->cache / nginx direct (wrk -t1 -c50)";
-        let what_b = "req/s, same object asked of its cache directly / nginx direct";
         if !setup.has_wrk {
             return vec![figure(
                 "2",
-                what,
-                ">= 0.65",
                 "not measured: no wrk".into(),
                 None,
                 Value::Null,
@@ -966,9 +992,9 @@ impl Cdn {
         let path = "/obj/r2-1k";
         let mut member = None;
         let warmed = (0..5).any(|_| {
-            Client::once(EDGE, "GET", path, &[("Host", HOST)]).is_ok_and(|r| {
-                member = r.header("X-Cdn-Upstream").map(str::to_string);
-                r.status == 200 && r.header("X-Cache-Status") == Some("HIT")
+            get_once(path).is_ok_and(|r| {
+                member = r.header(UPSTREAM_HEADER).map(str::to_string);
+                r.status == 200 && r.header(CACHE_STATUS_HEADER) == Some("HIT")
             })
         });
         let member = member.unwrap_or_else(|| "127.0.0.11:80".into());
@@ -1019,8 +1045,6 @@ impl Cdn {
         vec![
             figure(
                 "2",
-                what,
-                ">= 0.65",
                 shown(ratio, 1),
                 ratio.map(|r| r >= 0.65),
                 json!({
@@ -1035,8 +1059,6 @@ impl Cdn {
             ),
             figure(
                 "2b",
-                what_b,
-                "-",
                 shown(ratio_alone, 2),
                 None,
                 json!({
@@ -1060,10 +1082,6 @@ impl Cdn {
             Ok(r) => String::from_utf8_lossy(&r.body).trim().to_string(),
             Err(e) => format!("error: {e}"),
         };
-        let status = |r: &io::Result<Response>| match r {
-            Ok(r) => r.header("X-Cache-Status").unwrap_or("-").to_string(),
-            Err(_) => "-".into(),
-        };
         let a_body = body(&a1);
         let b_body = body(&b);
         let cross = b.is_ok() && b_body == a_body;
@@ -1077,17 +1095,15 @@ impl Cdn {
             } else {
                 b_body.clone()
             },
-            status(&b)
+            cache_status(&b)
         );
         vec![figure(
             "3",
-            "cross-host hits: customer-b after customer-a cached the path",
-            "0",
             shown,
             Some(!cross),
             json!({
-                "customer_a": [body(&a1), status(&a1), status(&a2)],
-                "customer_b": [b_body, status(&b)],
+                "customer_a": [body(&a1), cache_status(&a1), cache_status(&a2)],
+                "customer_b": [b_body, cache_status(&b)],
                 "cross_host_hits": u8::from(cross),
             }),
         )]
@@ -1099,23 +1115,15 @@ impl Cdn {
         let segments: Vec<String> = (500..520).map(segment).collect();
         warm(&segments);
         let errors: Vec<String> = (0..3)
-            .map(
-                |k| match Client::once(EDGE, "GET", &format!("/err/r4-{k}"), &[("Host", HOST)]) {
-                    Ok(r) => r.status.to_string(),
-                    Err(e) => e.kind().to_string(),
-                },
-            )
+            .map(|k| match get_once(&format!("/err/r4-{k}")) {
+                Ok(r) => r.status.to_string(),
+                Err(e) => e.kind().to_string(),
+            })
             .collect();
-        let mut failures = Failures::default();
-        for path in &segments {
-            failures.check(Client::once(EDGE, "GET", path, &[("Host", HOST)]), 200);
-        }
-        vec![figure(
+        let failures = Failures::of(segments.iter().map(|p| get_once(p)), 200);
+        vec![failures.figure(
             "4",
-            "failed of 20 cached segments after 3 quick origin 503s",
-            "0",
-            format!("{}/20 failed{}", failures.count, failures.detail()),
-            Some(failures.count == 0),
+            "",
             json!({ "origin_errors_seen": errors, "failed": failures.to_json() }),
         )]
     }
@@ -1129,24 +1137,21 @@ impl Cdn {
         let failures = std::thread::scope(|s| {
             let errors = s.spawn(|| {
                 for k in 0..5u32 {
-                    let _ = Client::once(EDGE, "GET", &format!("/err/r5-{k}"), &[("Host", HOST)]);
+                    let _ = get_once(&format!("/err/r5-{k}"));
                     sleep_until(started + Duration::from_secs(u64::from(k) + 1));
                 }
             });
-            let mut failures = Failures::default();
-            for (i, path) in segments.iter().enumerate() {
+            let requests = segments.iter().enumerate().map(|(i, path)| {
                 sleep_until(started + Duration::from_millis(i as u64 * 5000 / 75));
-                failures.check(Client::once(EDGE, "GET", path, &[("Host", HOST)]), 200);
-            }
+                get_once(path)
+            });
+            let failures = Failures::of(requests, 200);
             let _ = errors.join();
             failures
         });
-        vec![figure(
+        vec![failures.figure(
             "5",
-            "failed of 75 cached requests during an origin 503 a second (5 s)",
-            "0",
-            format!("{}/75 failed{}", failures.count, failures.detail()),
-            Some(failures.count == 0),
+            "",
             json!({ "failed": failures.to_json(), "seconds": started.elapsed().as_secs_f64() }),
         )]
     }
@@ -1160,27 +1165,16 @@ impl Cdn {
         let started = Instant::now();
         let results = parallel(segments.len(), 10, |i| {
             let t = Instant::now();
-            let r = Client::once(EDGE, "GET", &segments[i], &[("Host", HOST)]);
+            let r = get_once(&segments[i]);
             (r, t.elapsed())
         });
         let elapsed = started.elapsed();
         self.origin.signal_all(libc::SIGCONT);
-        let mut failures = Failures::default();
         let slowest = results.iter().map(|(_, t)| *t).max().unwrap_or_default();
-        for (r, _) in results {
-            failures.check(r, 200);
-        }
-        vec![figure(
+        let failures = Failures::of(results.into_iter().map(|(r, _)| r), 200);
+        vec![failures.figure(
             "6",
-            "failed of 100 cached requests, origin hung (SIGSTOP)",
-            "0",
-            format!(
-                "{}/100 failed (slowest {:.2} s){}",
-                failures.count,
-                slowest.as_secs_f64(),
-                failures.detail()
-            ),
-            Some(failures.count == 0),
+            &format!(" (slowest {:.2} s)", slowest.as_secs_f64()),
             json!({
                 "failed": failures.to_json(),
                 "slowest_s": slowest.as_secs_f64(),
@@ -1216,8 +1210,6 @@ impl Cdn {
         vec![
             figure(
                 "7a",
-                "cold range (last 1 MB of 50 MB): time to first byte",
-                "<= 0.3 s",
                 match ttfb {
                     Some(t) => format!("{t:.3} s{}", if ok { "" } else { " (wrong answer)" }),
                     None => format!("failed: {status}"),
@@ -1232,8 +1224,6 @@ impl Cdn {
             ),
             figure(
                 "7b",
-                "cold range (last 1 MB of 50 MB): bytes sent by the origin",
-                "<= 2 slices (2 MiB + headers)",
                 format!("{} ({})", bytes(origin_bytes), requests(entries.len())),
                 Some(origin_bytes <= budget && !entries.is_empty()),
                 json!({
@@ -1275,8 +1265,6 @@ impl Cdn {
         vec![
             figure(
                 "8a",
-                "8 concurrent cold 1 MB ranges of 50 MB: bytes sent by the origin",
-                "-",
                 format!(
                     "{} ({}{})",
                     bytes(origin_bytes),
@@ -1296,8 +1284,6 @@ impl Cdn {
             ),
             figure(
                 "8b",
-                "8 concurrent cold 1 MB ranges of 50 MB: slowest request",
-                "-",
                 format!("{:.3} s", slowest.as_secs_f64()),
                 None,
                 json!({ "slowest_s": slowest.as_secs_f64() }),
@@ -1309,24 +1295,14 @@ impl Cdn {
     /// for one `Cache-Control: no-cache` object: median latency, origin requests.
     fn row9_uncacheable(&mut self) -> Vec<Figure> {
         let mut figures = Vec::new();
-        for (id, what, path, status) in [
-            (
-                "9a",
-                "200 concurrent requests for a 404: p50 latency, origin requests",
-                "/missing/r9.html",
-                404,
-            ),
-            (
-                "9b",
-                "200 concurrent requests, no-cache object: p50 latency, origin requests",
-                "/nocache/r9.bin",
-                200,
-            ),
+        for (id, path, status) in [
+            ("9a", "/missing/r9.html", 404),
+            ("9b", "/nocache/r9.bin", 200),
         ] {
             let mark = self.log.mark();
             let results = parallel(200, 200, |_| {
                 let t = Instant::now();
-                let r = Client::once(EDGE, "GET", path, &[("Host", HOST)]);
+                let r = get_once(path);
                 (r, t.elapsed())
             });
             let entries = self.log.settle(mark, path, Duration::from_millis(500));
@@ -1337,14 +1313,9 @@ impl Cdn {
             latencies.sort_by(f64::total_cmp);
             let p50 = latencies[latencies.len() / 2];
             let max = latencies.last().copied().unwrap_or_default();
-            let mut failures = Failures::default();
-            for (r, _) in results {
-                failures.check(r, status);
-            }
+            let failures = Failures::of(results.into_iter().map(|(r, _)| r), status);
             figures.push(figure(
                 id,
-                what,
-                "-",
                 format!(
                     "p50 {p50:.0} ms, {} origin req{}",
                     entries.len(),
@@ -1367,18 +1338,13 @@ impl Cdn {
         let mark = self.log.mark();
         let mut client = Client::new(EDGE);
         let started = Instant::now();
-        let mut failures = Failures::default();
-        for _ in 0..20 {
-            failures.check(client.get("/missing/r10.html", HOST), 404);
-        }
+        let failures = Failures::of((0..20).map(|_| client.get("/missing/r10.html")), 404);
         let elapsed = started.elapsed();
         let entries = self
             .log
             .settle(mark, "/missing/r10", Duration::from_millis(300));
         vec![figure(
             "10",
-            "origin requests for 20 sequential requests of a missing object",
-            "<= 2",
             format!(
                 "{} (in {:.2} s{})",
                 entries.len(),
@@ -1400,13 +1366,8 @@ impl Cdn {
         let file = setup.www.join("live/r11.m3u8");
         let path = "/live/r11.m3u8";
         write_atomically(&file, "#EXTM3U\n#EXT-X-MEDIA-SEQUENCE:1\n#v1\n");
-        let first = Client::once(EDGE, "GET", path, &[("Host", HOST)]);
-        let second = Client::once(EDGE, "GET", path, &[("Host", HOST)]);
-        let cached = second
-            .as_ref()
-            .ok()
-            .and_then(|r| r.header("X-Cache-Status").map(str::to_string))
-            .unwrap_or_else(|| "-".into());
+        let first = get_once(path);
+        let second = get_once(path);
         // Another second: nginx's Last-Modified has a resolution of one second.
         std::thread::sleep(Duration::from_millis(1100));
         write_atomically(
@@ -1418,16 +1379,12 @@ impl Cdn {
         let mut polls = Vec::new();
         while changed.elapsed() < Duration::from_secs(30) {
             sleep_until(changed + Duration::from_secs(polls.len() as u64 + 1));
-            let r = Client::once(EDGE, "GET", path, &[("Host", HOST)]);
+            let r = get_once(path);
             let new = r
                 .as_ref()
                 .is_ok_and(|r| String::from_utf8_lossy(&r.body).contains("#v2"));
             polls.push(match &r {
-                Ok(r) => format!(
-                    "{} {}",
-                    if new { "v2" } else { "v1" },
-                    r.header("X-Cache-Status").unwrap_or("-")
-                ),
+                Ok(_) => format!("{} {}", if new { "v2" } else { "v1" }, cache_status(&r)),
                 Err(e) => e.kind().to_string(),
             });
             if new {
@@ -1437,8 +1394,6 @@ impl Cdn {
         }
         vec![figure(
             "11",
-            "live manifest without Cache-Control: seconds until a new version is served",
-            "-",
             match seen {
                 Some(s) => format!("{s:.0} s"),
                 None => "> 30 s (frozen)".into(),
@@ -1446,8 +1401,9 @@ impl Cdn {
             None,
             json!({
                 "seconds": seen,
-                "first": first.as_ref().ok().and_then(|r| r.header("X-Cache-Status").map(str::to_string)),
-                "second": cached,
+                // Without the header: null here, `-` elsewhere.
+                "first": first.as_ref().ok().and_then(|r| r.header(CACHE_STATUS_HEADER)),
+                "second": cache_status(&second),
                 "polls": polls,
             }),
         )]
@@ -1458,18 +1414,11 @@ impl Cdn {
     fn row12_collapsed_misses(&mut self) -> Vec<Figure> {
         let mark = self.log.mark();
         let path = "/slow/r12.bin";
-        let results = parallel(200, 200, |_| {
-            Client::once(EDGE, "GET", path, &[("Host", HOST)])
-        });
+        let results = parallel(200, 200, |_| get_once(path));
         let entries = self.log.settle(mark, path, Duration::from_millis(500));
-        let mut failures = Failures::default();
-        for r in results {
-            failures.check(r, 200);
-        }
+        let failures = Failures::of(results, 200);
         vec![figure(
             "12",
-            "origin requests for 200 concurrent misses of one object",
-            "1",
             format!("{}{}", entries.len(), failures.suffix()),
             Some(entries.len() == 1),
             json!({ "origin_requests": entries.len(), "failed": failures.to_json() }),
@@ -1486,8 +1435,6 @@ impl Cdn {
         let origin_bytes: u64 = entries.iter().map(|e| e.bytes).sum();
         vec![figure(
             "13",
-            "HEAD of an uncached 50 MB object: bytes sent by the origin",
-            "-",
             format!(
                 "{} ({})",
                 bytes(origin_bytes),
@@ -1516,9 +1463,9 @@ impl Cdn {
             segments
                 .iter()
                 .filter(|p| {
-                    client
-                        .get(p, HOST)
-                        .is_ok_and(|r| r.status == 200 && r.header("X-Cache-Status") == Some("HIT"))
+                    client.get(p).is_ok_and(|r| {
+                        r.status == 200 && r.header(CACHE_STATUS_HEADER) == Some("HIT")
+                    })
                 })
                 .count()
         };
@@ -1547,8 +1494,6 @@ impl Cdn {
         let (rb, ra) = (before as f64 / 2.0, after as f64 / 2.0);
         vec![figure(
             "14",
-            "hit ratio of 200 cached objects: before -> right after a config change",
-            "after >= 90 % of before",
             format!("{rb:.0} % -> {ra:.0} %"),
             Some(before > 0 && after as f64 >= 0.9 * before as f64),
             json!({
@@ -1576,7 +1521,7 @@ impl Drop for Cdn {
 fn warm(paths: &[String]) {
     let mut client = Client::new(EDGE);
     for path in paths {
-        let _ = client.get(path, HOST);
+        let _ = client.get(path);
     }
 }
 
@@ -1584,15 +1529,50 @@ fn segment(i: usize) -> String {
     format!("/seg/{i:04}.ts")
 }
 
+/// A GET of `path` through the balancer with the benchmark's Host, on a connection of its own.
+fn get_once(path: &str) -> io::Result<Response> {
+    Client::once(EDGE, "GET", path, &[("Host", HOST)])
+}
+
+/// The response's X-Cache-Status; `-` without one, or without a response.
+fn cache_status(r: &io::Result<Response>) -> &str {
+    r.as_ref()
+        .ok()
+        .and_then(|r| r.header(CACHE_STATUS_HEADER))
+        .unwrap_or("-")
+}
+
+/// Row 15: not measured.
+fn row15_replicas() -> Vec<Figure> {
+    vec![figure(
+        "15",
+        "not measured: replicas do not form a ring yet".into(),
+        None,
+        Value::Null,
+    )]
+}
+
 /// Failed requests: an error, or another status than expected.
 #[derive(Default)]
 struct Failures {
+    /// The requests checked.
+    total: usize,
     count: usize,
     kinds: BTreeMap<String, usize>,
 }
 
 impl Failures {
+    /// The failures of `responses` (taken in turn: the requests run as it is iterated).
+    fn of(responses: impl IntoIterator<Item = io::Result<Response>>, expected: u16) -> Failures {
+        let mut failures = Failures::default();
+        for r in responses {
+            failures.check(r, expected);
+        }
+        failures
+    }
+
     fn check(&mut self, r: io::Result<Response>, expected: u16) {
+        self.total += 1;
         let kind = match r {
             Ok(r) if r.status == expected => return,
             Ok(r) => format!("{}", r.status),
@@ -1600,6 +1580,21 @@ impl Failures {
         };
         self.count += 1;
         *self.kinds.entry(kind).or_default() += 1;
+    }
+
+    /// The figure of rows 4, 5, 6: `3/20 failed{note}: 502 x3`, met when none failed.
+    fn figure(&self, id: &str, note: &str, data: Value) -> Figure {
+        figure(
+            id,
+            format!(
+                "{}/{} failed{note}{}",
+                self.count,
+                self.total,
+                self.detail()
+            ),
+            Some(self.count == 0),
+            data,
+        )
     }
 
     /// `: 502 x12` or nothing.
@@ -1774,10 +1769,6 @@ fn write_atomically(path: &Path, text: &str) {
     std::fs::write(&tmp, text).expect("writing a manifest");
     chmod(&tmp, 0o644);
     std::fs::rename(&tmp, path).expect("renaming a manifest");
-}
-
-fn read(path: &Path) -> String {
-    std::fs::read_to_string(path).unwrap_or_default()
 }
 
 fn count(text: &str, needle: &str) -> usize {
@@ -1988,8 +1979,9 @@ impl Client {
         exchange(&mut conn, method, path, headers, true).map(|(r, _)| r)
     }
 
-    fn get(&mut self, path: &str, host: &str) -> io::Result<Response> {
-        self.request("GET", path, &[("Host", host)])
+    /// A GET of `path` with the benchmark's Host.
+    fn get(&mut self, path: &str) -> io::Result<Response> {
+        self.request("GET", path, &[("Host", HOST)])
     }
 
     /// A request on the kept connection (a new one if there is none); once more on a new
@@ -2152,21 +2144,12 @@ fn eof(what: &str) -> io::Error {
 // The table.
 
 fn table(columns: &BTreeMap<&str, Column>) -> String {
-    let ids: Vec<(&'static str, &'static str, &'static str)> = {
-        let mut seen = Vec::new();
-        for column in ["before", "after"] {
-            for f in columns
-                .get(column)
-                .map(|c| c.figures.as_slice())
-                .unwrap_or_default()
-            {
-                if !seen.iter().any(|(id, _, _)| *id == f.id) {
-                    seen.push((f.id, f.what, f.target));
-                }
-            }
-        }
-        seen
-    };
+    // The lines of ROWS that a column measured.
+    let ids = ROWS.iter().filter(|(id, _, _)| {
+        columns
+            .values()
+            .any(|c| c.figures.iter().any(|f| f.id == *id))
+    });
     let cell = |column: &str, id: &str| -> (String, String) {
         match columns.get(column) {
             None => ("-".into(), String::new()),
@@ -2191,7 +2174,7 @@ fn table(columns: &BTreeMap<&str, Column>) -> String {
         "target".into(),
         "met (before / after)".into(),
     ]];
-    for (id, what, target) in ids {
+    for &(id, what, target) in ids {
         let (b, bm) = cell("before", id);
         let (a, am) = cell("after", id);
         let met = if bm.is_empty() && am.is_empty() {
