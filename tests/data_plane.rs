@@ -11,7 +11,7 @@ mod support;
 use cdn_operator::api::{CacheRule, CacheSpec, CdnCluster, CdnClusterSpec, HttpSpec, Role, Source};
 use cdn_operator::cdncluster::build::{self, CONFIG_KEY, ENTRYPOINT, ENTRYPOINT_KEY};
 use cdn_operator::cdncluster::nginx::{Paths, CACHE_STATUS_HEADER, UPSTREAM_HEADER};
-use cdn_operator_testkit::{request, Nginx, Response, Sandbox};
+use cdn_operator_testkit::{request, settle, Nginx, Response, Sandbox};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -605,14 +605,13 @@ fn live_manifests_follow_the_origin_when_it_says_nothing() {
     world.put("/live/index.m3u8", b"#EXTM3U\n#1\n#2\n");
     world.put("/vod/notes.txt", b"v2.");
     // The manifest rule (2 s) applies; other paths keep `valid` (10 m).
-    let deadline = Instant::now() + Duration::from_secs(6);
-    loop {
-        if world.get("/live/index.m3u8", &[]).body == "#EXTM3U\n#1\n#2\n" {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the manifest stayed frozen");
-        std::thread::sleep(Duration::from_millis(250));
-    }
+    let manifest = settle(
+        Duration::from_secs(6),
+        Duration::from_millis(250),
+        || world.get("/live/index.m3u8", &[]).body,
+        |body| body == "#EXTM3U\n#1\n#2\n",
+    );
+    assert_eq!(manifest, "#EXTM3U\n#1\n#2\n", "the manifest stayed frozen");
     assert_eq!(world.get("/vod/notes.txt", &[]).body, "v1");
 
     // Rules of the user's replace the defaults.
@@ -724,18 +723,22 @@ fn a_configuration_change_is_applied_in_place_and_keeps_the_cache() {
     let log = || std::fs::read_to_string(world.path().join("pod.log")).unwrap();
     // The entrypoint looks every 2 s; nginx says "reconfiguring" on SIGHUP, starts new workers,
     // then tells the old ones to finish: from then on only the new configuration answers.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while ![
-        "reloading nginx",
-        "reconfiguring",
-        "gracefully shutting down",
-    ]
-    .iter()
-    .all(|line| log().contains(line))
-    {
-        assert!(Instant::now() < deadline, "not reloaded:\n{}", log());
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let reloaded = |log: &String| {
+        [
+            "reloading nginx",
+            "reconfiguring",
+            "gracefully shutting down",
+        ]
+        .iter()
+        .all(|line| log.contains(line))
+    };
+    let seen = settle(
+        Duration::from_secs(10),
+        Duration::from_millis(100),
+        log,
+        reloaded,
+    );
+    assert!(reloaded(&seen), "not reloaded:\n{seen}");
     let not_hits: Vec<String> = objects
         .iter()
         .filter_map(|o| {
@@ -802,14 +805,12 @@ fn sources_are_looked_up_while_nginx_runs() {
         &service_name("cache-b"),
         &[ip(world.net, "cache-b-again").parse().unwrap()],
     );
-    let deadline = Instant::now() + Duration::from_secs(15);
-    let now = loop {
-        let now = via(&world);
-        if now.contains(&new_b) || Instant::now() > deadline {
-            break now;
-        }
-        std::thread::sleep(Duration::from_millis(500));
-    };
+    let now = settle(
+        Duration::from_secs(15),
+        Duration::from_millis(500),
+        || via(&world),
+        |now| now.contains(&new_b),
+    );
     // Its share goes back to the same member, at its new address.
     let expected: Vec<String> = first
         .iter()
@@ -838,13 +839,12 @@ fn sources_are_looked_up_while_nginx_runs() {
         &service_name("origin"),
         &[ip(world.net, "origin").parse().unwrap()],
     );
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while ask().status != 200 {
-        assert!(
-            Instant::now() < deadline,
-            "the origin is never looked up again"
-        );
-        std::thread::sleep(Duration::from_millis(500));
-    }
+    let status = settle(
+        Duration::from_secs(15),
+        Duration::from_millis(500),
+        || ask().status,
+        |status| *status == 200,
+    );
+    assert_eq!(status, 200, "the origin is never looked up again");
     assert_eq!(ask().body, "late");
 }

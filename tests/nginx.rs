@@ -13,7 +13,7 @@ use cdn_operator::api::{CacheSpec, CdnCluster, CdnClusterSpec, Role, Source};
 use cdn_operator::cdncluster::build;
 use cdn_operator::cdncluster::nginx::{timeouts, Paths, CACHE_STATUS_HEADER, UPSTREAM_HEADER};
 use cdn_operator_testkit::nginx::{static_server_config, test_config, Nginx, Sandbox};
-use cdn_operator_testkit::{request, Response};
+use cdn_operator_testkit::{request, settle, Response};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -548,14 +548,12 @@ fn a_pool_spreads_uris_by_consistent_hashing_and_fails_over_without_errors() {
 
     // cache-b back: once its fail_timeout is over, its URIs come back (to its cache, still full).
     caches[1] = Some(run(&world[2], POOL_CACHES[1].1));
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let back = loop {
-        let now = pass(balancer, &uris);
-        if now == placement || Instant::now() > deadline {
-            break now;
-        }
-        std::thread::sleep(Duration::from_millis(500));
-    };
+    let back = settle(
+        Duration::from_secs(20),
+        Duration::from_millis(500),
+        || pass(balancer, &uris),
+        |now| *now == placement,
+    );
     assert_eq!(back, placement, "cache-b's URIs came back, and only those");
     let r = get(
         balancer,

@@ -51,3 +51,22 @@ where
 {
     std::thread::spawn(move || blocking(future)).join()
 }
+
+/// Calls `observe` every `every` until `done` holds for what it gives or `within` has passed, and
+/// returns the last observation: for a synchronous test, which then asserts on it (so a timeout
+/// shows what was seen last).
+pub fn settle<T>(
+    within: Duration,
+    every: Duration,
+    mut observe: impl FnMut() -> T,
+    done: impl Fn(&T) -> bool,
+) -> T {
+    let deadline = Instant::now() + within;
+    loop {
+        let seen = observe();
+        if done(&seen) || Instant::now() >= deadline {
+            return seen;
+        }
+        std::thread::sleep(every);
+    }
+}

@@ -502,23 +502,16 @@ impl Names {
 /// reload the addresses carry over. Asks for a path no origin has (`/not-here/…`), with `host`,
 /// until the answer is not a 502.
 pub fn wait_resolved(addr: &str, host: &str) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    loop {
-        let r = cdn_operator_testkit::request(
-            addr,
-            "GET",
-            "/not-here/resolved",
-            &[("Host", host)],
-            b"",
-        )
-        .unwrap_or_else(|e| panic!("GET from {addr}: {e}"));
-        if r.status != 502 {
-            return;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "{addr} never resolved its sources"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    let ask = || {
+        cdn_operator_testkit::request(addr, "GET", "/not-here/resolved", &[("Host", host)], b"")
+            .unwrap_or_else(|e| panic!("GET from {addr}: {e}"))
+            .status
+    };
+    let status = cdn_operator_testkit::settle(
+        std::time::Duration::from_secs(10),
+        std::time::Duration::from_millis(20),
+        ask,
+        |status| *status != 502,
+    );
+    assert_ne!(status, 502, "{addr} never resolved its sources");
 }
