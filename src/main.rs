@@ -13,7 +13,7 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 /// freed pages returned to the system at once, not kept for reuse for ten seconds, so the
 /// caches' tables, which double as they grow, do not hold their old pages too. That costs 26 page
 /// faults per CdnCluster created; a second's decay took them to 2 (2 to 6 % less CPU), but a
-/// restart over 10,000 CdnClusters peaked 4 MiB higher (run 17 in the README).
+/// restart over 10,000 CdnClusters peaked 4 MiB higher (run 17, docs/benchmark-history.md).
 #[export_name = "_rjem_malloc_conf"]
 static MALLOC_CONF: &[u8] = b"narenas:1,dirty_decay_ms:0,muzzy_decay_ms:0\0";
 
