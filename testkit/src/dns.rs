@@ -2,11 +2,13 @@
 //! names up over DNS while it runs, not in /etc/hosts, so a test that changes what a name
 //! resolves to needs a server of its own.
 //!
-//! It answers on loopback UDP from a map of names to IPv4 addresses that the test changes as it
-//! goes: A records with a short TTL for a known name, an empty answer for its other types (AAAA),
-//! NXDOMAIN for any other name.
+//! It answers on loopback UDP from maps the test changes as it goes: names to IPv4 addresses (A
+//! records) and service names to their targets (SRV records, as the cluster DNS publishes a
+//! Service's named ports), with a short TTL; an empty answer for a known name's other types
+//! (AAAA), NXDOMAIN for any other name.
 
-use simple_dns::rdata::{RData, A};
+use simple_dns::rdata::{RData, A, SRV};
+use simple_dns::Name;
 use simple_dns::{Packet, PacketFlag, ResourceRecord, CLASS, QTYPE, RCODE, TYPE};
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
@@ -15,8 +17,13 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-/// Names (lower case, without the final dot) and their addresses.
-type Records = HashMap<String, Vec<Ipv4Addr>>;
+/// What the server knows, by name (lower case, without the final dot).
+#[derive(Default)]
+struct Records {
+    addresses: HashMap<String, Vec<Ipv4Addr>>,
+    /// SRV targets: (weight, port, target name).
+    services: HashMap<String, Vec<(u16, u16, String)>>,
+}
 
 /// A DNS server on 127.0.0.1, answering from its own thread until dropped.
 pub struct Dns {
@@ -45,7 +52,7 @@ impl Dns {
             .set_read_timeout(Some(Duration::from_millis(50)))
             .expect("a read timeout");
         let addr = socket.local_addr().expect("its address");
-        let records = Arc::new(Mutex::new(Records::new()));
+        let records = Arc::new(Mutex::new(Records::default()));
         let stop = Arc::new(AtomicBool::new(false));
         let thread = {
             let (records, stop) = (records.clone(), stop.clone());
@@ -69,12 +76,29 @@ impl Dns {
         self.records
             .lock()
             .unwrap()
+            .addresses
             .insert(key(name), addresses.to_vec());
     }
 
-    /// `name` is no longer known: NXDOMAIN.
+    /// `name` (`_http._tcp.SERVICE…`) now has the SRV records `targets`: (weight, port, target),
+    /// priority 0 (none: an empty answer, not NXDOMAIN). The targets' addresses are `set` apart.
+    pub fn set_srv(&self, name: &str, targets: &[(u16, u16, &str)]) {
+        let targets = targets
+            .iter()
+            .map(|&(weight, port, target)| (weight, port, key(target)))
+            .collect();
+        self.records
+            .lock()
+            .unwrap()
+            .services
+            .insert(key(name), targets);
+    }
+
+    /// `name` is no longer known, for any type: NXDOMAIN.
     pub fn remove(&self, name: &str) {
-        self.records.lock().unwrap().remove(&key(name));
+        let mut records = self.records.lock().unwrap();
+        records.addresses.remove(&key(name));
+        records.services.remove(&key(name));
     }
 }
 
@@ -116,20 +140,37 @@ fn answer(bytes: &[u8], records: &Records) -> Option<Vec<u8>> {
         reply.set_flags(PacketFlag::RECURSION_DESIRED);
     }
     for question in &query.questions {
-        match records.get(&key(&question.qname.to_string())) {
-            None => *reply.rcode_mut() = RCODE::NameError,
-            Some(addresses) if question.qtype == QTYPE::TYPE(TYPE::A) => {
-                reply.answers.extend(addresses.iter().map(|&address| {
-                    ResourceRecord::new(
-                        question.qname.clone(),
-                        CLASS::IN,
-                        Dns::TTL,
-                        RData::A(A::from(address)),
-                    )
-                }));
+        let name = key(&question.qname.to_string());
+        let record =
+            |rdata| ResourceRecord::new(question.qname.clone(), CLASS::IN, Dns::TTL, rdata);
+        match (
+            records.addresses.get(&name),
+            records.services.get(&name),
+            question.qtype,
+        ) {
+            (None, None, _) => *reply.rcode_mut() = RCODE::NameError,
+            (Some(addresses), _, QTYPE::TYPE(TYPE::A)) => {
+                reply.answers.extend(
+                    addresses
+                        .iter()
+                        .map(|&address| record(RData::A(A::from(address)))),
+                );
             }
-            // Known, but only as IPv4: no data of this type.
-            Some(_) => {}
+            (_, Some(targets), QTYPE::TYPE(TYPE::SRV)) => {
+                for (weight, port, target) in targets {
+                    let Ok(target) = Name::new(target) else {
+                        continue;
+                    };
+                    reply.answers.push(record(RData::SRV(SRV {
+                        priority: 0,
+                        weight: *weight,
+                        port: *port,
+                        target,
+                    })));
+                }
+            }
+            // Known, but not with this type: no data.
+            _ => {}
         }
         // A resolver matches the reply to its question.
         reply.questions.push(question.clone());
@@ -140,10 +181,11 @@ fn answer(bytes: &[u8], records: &Records) -> Option<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use simple_dns::{Name, Question, QCLASS};
+    use simple_dns::{Question, QCLASS};
 
-    /// Asks `dns` for `name`'s records of `qtype`: the reply's code and A addresses.
-    fn ask(dns: &Dns, name: &str, qtype: TYPE) -> (RCODE, Vec<Ipv4Addr>, u16) {
+    /// Asks `dns` for `name`'s records of `qtype`: the reply's code, its records as text (an
+    /// address; `weight port target` for SRV) and its id.
+    fn ask(dns: &Dns, name: &str, qtype: TYPE) -> (RCODE, Vec<String>, u16) {
         let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
         socket
             .set_read_timeout(Some(Duration::from_secs(2)))
@@ -170,8 +212,12 @@ mod tests {
             .map(|rr| {
                 assert_eq!(rr.ttl, Dns::TTL);
                 match &rr.rdata {
-                    RData::A(a) => Ipv4Addr::from(a.clone()),
-                    other => panic!("not an A record: {other:?}"),
+                    RData::A(a) => Ipv4Addr::from(a.clone()).to_string(),
+                    RData::SRV(srv) => {
+                        assert_eq!(srv.priority, 0);
+                        format!("{} {} {}", srv.weight, srv.port, srv.target)
+                    }
+                    other => panic!("neither A nor SRV: {other:?}"),
                 }
             })
             .collect();
@@ -183,25 +229,67 @@ mod tests {
         let dns = Dns::start();
         let name = "cache-a-members.default.svc.cluster.local";
         let (a, b) = (Ipv4Addr::new(127, 0, 0, 31), Ipv4Addr::new(127, 0, 0, 32));
+        let text = |addresses: &[Ipv4Addr]| -> Vec<String> {
+            addresses.iter().map(Ipv4Addr::to_string).collect()
+        };
         assert_eq!(ask(&dns, name, TYPE::A).0, RCODE::NameError);
 
         dns.set(name, &[a, b]);
         assert_eq!(
             ask(&dns, name, TYPE::A),
-            (RCODE::NoError, vec![a, b], 0x1234)
+            (RCODE::NoError, text(&[a, b]), 0x1234)
         );
         // Any case, with or without the final dot.
         let upper = "CACHE-A-MEMBERS.default.svc.cluster.local.";
-        assert_eq!(ask(&dns, upper, TYPE::A).1, vec![a, b]);
+        assert_eq!(ask(&dns, upper, TYPE::A).1, text(&[a, b]));
         assert_eq!(ask(&dns, name, TYPE::AAAA).0, RCODE::NoError);
-        assert_eq!(ask(&dns, name, TYPE::AAAA).1, Vec::<Ipv4Addr>::new());
+        assert_eq!(ask(&dns, name, TYPE::AAAA).1, text(&[]));
+        assert_eq!(ask(&dns, name, TYPE::SRV).1, text(&[]));
         assert_eq!(ask(&dns, "other.default.svc", TYPE::A).0, RCODE::NameError);
 
         dns.set(name, &[b]);
-        assert_eq!(ask(&dns, name, TYPE::A).1, vec![b]);
+        assert_eq!(ask(&dns, name, TYPE::A).1, text(&[b]));
         dns.set(name, &[]);
-        assert_eq!(ask(&dns, name, TYPE::A), (RCODE::NoError, vec![], 0x1234));
+        assert_eq!(
+            ask(&dns, name, TYPE::A),
+            (RCODE::NoError, text(&[]), 0x1234)
+        );
         dns.remove(name);
         assert_eq!(ask(&dns, name, TYPE::A).0, RCODE::NameError);
+    }
+
+    #[test]
+    fn answers_srv_records_as_the_cluster_dns_publishes_a_named_port() {
+        let dns = Dns::start();
+        let service = "_http._tcp.cache-a.default.svc.cluster.local";
+        assert_eq!(ask(&dns, service, TYPE::SRV).0, RCODE::NameError);
+
+        dns.set_srv(
+            service,
+            &[
+                (33, 8080, "10-0-0-1.cache-a.default.svc.cluster.local"),
+                (33, 8080, "10-0-0-2.cache-a.default.svc.cluster.local."),
+            ],
+        );
+        assert_eq!(
+            ask(&dns, service, TYPE::SRV),
+            (
+                RCODE::NoError,
+                vec![
+                    "33 8080 10-0-0-1.cache-a.default.svc.cluster.local".to_string(),
+                    "33 8080 10-0-0-2.cache-a.default.svc.cluster.local".to_string(),
+                ],
+                0x1234
+            )
+        );
+        // A service name has no address; the targets' are set apart.
+        assert_eq!(
+            ask(&dns, service, TYPE::A),
+            (RCODE::NoError, vec![], 0x1234)
+        );
+        dns.set_srv(service, &[]);
+        assert_eq!(ask(&dns, service, TYPE::SRV).1, Vec::<String>::new());
+        dns.remove(service);
+        assert_eq!(ask(&dns, service, TYPE::SRV).0, RCODE::NameError);
     }
 }
