@@ -1,9 +1,10 @@
 //! The one write path: server-side apply with a stable field manager, skipped when the observed
-//! object already holds what would be applied, so a steady state sends no write at all; and the
-//! release of a finalizer, which must never create anything.
+//! object already holds what would be applied, so a steady state sends no write at all; the
+//! delete of an object that must be created again; and the release of a finalizer, which must
+//! never create anything.
 
 use crate::compact::Record;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -125,7 +126,28 @@ where
     Ok(Some(applied))
 }
 
-/// Removes `finalizer` from `object`, the one write that is not an apply: an apply creates the
+/// Deletes `name` if it is still at resourceVersion `version`, for an object the desired one
+/// cannot be applied over (a field that cannot change once set): the apply that follows creates
+/// it again. Returns whether it was still there.
+pub async fn delete_at<K>(api: &Api<K>, name: &str, version: &str) -> kube::Result<bool>
+where
+    K: Resource + Clone + DeserializeOwned + Debug,
+{
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            resource_version: Some(version.to_string()),
+            uid: None,
+        }),
+        ..DeleteParams::default()
+    };
+    match api.delete(name, &params).await {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(false),
+        Err(error) => Err(error),
+    }
+}
+
+/// Removes `finalizer` from `object`, the one write that is not an apply nor a delete: an apply creates the
 /// object when it is missing, so releasing a finalizer from a stale cached copy could bring an
 /// object back after it was deleted. This merge patch never creates, and carries the cached
 /// resourceVersion as a precondition (a conflict, retried, when the object changed since).

@@ -424,7 +424,7 @@ async fn foo3_waits_for_asource_then_deploys() {
     );
     let cm = c.api::<ConfigMap>().get("foo3-nginx").await.unwrap();
     assert!(cm.data.unwrap()["nginx.conf"]
-        .contains("server asource.default.svc.cluster.local:80 resolve;"));
+        .contains("server asource.default.svc.cluster.local service=http resolve weight=2 max_fails=2 fail_timeout=5s;"));
 }
 
 #[tokio::test]
@@ -870,8 +870,8 @@ async fn a_pool_waits_for_every_member_then_deploys_one_hashed_upstream() {
     assert_eq!(conf.matches("upstream source_").count(), 1, "{conf}");
     for line in [
         "hash $host$uri$cdn_key_args consistent;",
-        "server cache-a.default.svc.cluster.local:80 resolve weight=1 max_fails=2 fail_timeout=5s;",
-        "server cache-b.default.svc.cluster.local:80 resolve weight=1 max_fails=2 fail_timeout=5s;",
+        "server cache-a.default.svc.cluster.local service=http resolve weight=2 max_fails=2 fail_timeout=5s;",
+        "server cache-b.default.svc.cluster.local service=http resolve weight=2 max_fails=2 fail_timeout=5s;",
         "# default pool cache-a + cache-b",
     ] {
         assert!(conf.contains(line), "{line} missing in\n{conf}");

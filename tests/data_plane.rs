@@ -64,6 +64,10 @@ fn address(net: u8, name: &str) -> String {
         // Pods started again, and late (sources_are_looked_up_while_nginx_runs).
         "cache-b-again" => 13,
         "cache-a-late" => 14,
+        // The pods of a cache cluster of three (the_pods_of_a_cache_cluster_form_one_ring).
+        "cache-a-0" => 31,
+        "cache-a-1" => 32,
+        "cache-a-2" => 33,
         other => panic!("no address for {other}"),
     };
     format!("127.0.{net}.{host}:80")
@@ -847,4 +851,156 @@ fn sources_are_looked_up_while_nginx_runs() {
     );
     assert_eq!(status, 200, "the origin is never looked up again");
     assert_eq!(ask().body, "late");
+}
+
+#[test]
+fn the_pods_of_a_cache_cluster_form_one_ring() {
+    // edge → cache-a, whose three pods are named by its headless Service; → origin.
+    let mut world = World::start(
+        11,
+        topology(|c| {
+            if c.metadata.name.as_deref() == Some("edge") {
+                c.spec.sources.truncate(1);
+            }
+        }),
+    );
+    let pods = ["cache-a-0", "cache-a-1", "cache-a-2"];
+    for pod in pods {
+        world.run_instance("cache-a", pod, &address(world.net, pod));
+    }
+    let stopped = world
+        .running
+        .iter()
+        .position(|(n, _)| n == "cache-a")
+        .unwrap();
+    drop(world.running.remove(stopped));
+    // As the cluster DNS names the ready pods of a headless Service: by their dashed address.
+    let dns_name = |pod: &str| {
+        format!(
+            "{}.cache-a.default.svc.cluster.local",
+            ip(world.net, pod).replace('.', "-")
+        )
+    };
+    let members = |ready: &[&str]| -> Vec<(String, String)> {
+        ready
+            .iter()
+            .map(|pod| (dns_name(pod), ip(world.net, pod)))
+            .collect()
+    };
+    let publish = |world: &World, ready: &[&str]| {
+        let members = members(ready);
+        let pairs: Vec<(&str, &str)> = members
+            .iter()
+            .map(|(n, a)| (n.as_str(), a.as_str()))
+            .collect();
+        world.names.members(&service_name("cache-a"), &pairs);
+    };
+    // Which pods the edge sends 60 probes (paths no object has) to.
+    let probed = |world: &World| -> BTreeSet<String> {
+        (0..60)
+            .map(|i| {
+                let r = world.get(&format!("/not-here/probe-{i}"), &[]);
+                r.header(UPSTREAM_HEADER).unwrap_or_default().to_string()
+            })
+            .collect()
+    };
+    let addresses = |ready: &[&str]| -> BTreeSet<String> {
+        ready.iter().map(|pod| address(world.net, pod)).collect()
+    };
+    publish(&world, &pods);
+    let seen = settle(
+        Duration::from_secs(15),
+        Duration::from_millis(300),
+        || probed(&world),
+        |seen| *seen == addresses(&pods),
+    );
+    assert_eq!(
+        seen,
+        addresses(&pods),
+        "the edge never found the three pods"
+    );
+
+    let objects: Vec<String> = (0..90).map(|i| format!("/vod/ring/{i}.ts")).collect();
+    for o in &objects {
+        world.put(o, o.as_bytes());
+    }
+    // The pod that answered each object, asked in order or in reverse (nginx taking turns
+    // between pods would give another pod for some).
+    let via = |world: &World, status: &str, reverse: bool| -> Vec<String> {
+        let order: Vec<&String> = if reverse {
+            objects.iter().rev().collect()
+        } else {
+            objects.iter().collect()
+        };
+        let mut pods: Vec<String> = order
+            .into_iter()
+            .map(|o| {
+                let r = world.get(o, &[]);
+                assert_eq!((r.status, r.body.as_str()), (200, o.as_str()));
+                assert_eq!(r.header(CACHE_STATUS_HEADER), Some(status), "{o}");
+                r.header(UPSTREAM_HEADER).unwrap().to_string()
+            })
+            .collect();
+        if reverse {
+            pods.reverse();
+        }
+        pods
+    };
+    let fetched = |world: &World| {
+        world
+            .served()
+            .into_iter()
+            .filter(|s| s.uri.starts_with("/vod/ring/"))
+            .count()
+    };
+
+    // Each object is fetched once for the cluster, by one pod, and the pods share the objects.
+    let first = via(&world, "MISS", false);
+    assert_eq!(fetched(&world), 90);
+    let share =
+        |of: &[String], pod: &str| of.iter().filter(|a| **a == address(world.net, pod)).count();
+    for pod in pods {
+        assert!(
+            share(&first, pod) >= 10,
+            "{pod} holds {} of 90 objects: {first:?}",
+            share(&first, pod)
+        );
+    }
+    // Asked again, each is a hit at the same pod: nothing more from the origin.
+    assert_eq!(via(&world, "HIT", true), first);
+    assert_eq!(fetched(&world), 90);
+
+    // cache-a-2 is no longer ready: its Service names two pods. Only its own objects move, each
+    // fetched once more; the others stay where they are cached.
+    publish(&world, &pods[..2]);
+    let seen = settle(
+        Duration::from_secs(15),
+        Duration::from_millis(300),
+        || probed(&world),
+        |seen| *seen == addresses(&pods[..2]),
+    );
+    assert_eq!(seen, addresses(&pods[..2]));
+    let moved = share(&first, "cache-a-2");
+    let mut statuses = std::collections::BTreeMap::<&str, usize>::new();
+    let mut now = Vec::new();
+    for (o, before) in objects.iter().zip(&first) {
+        let r = world.get(o, &[]);
+        assert_eq!((r.status, r.body.as_str()), (200, o.as_str()));
+        let to = r.header(UPSTREAM_HEADER).unwrap().to_string();
+        let status = r.header(CACHE_STATUS_HEADER).unwrap().to_string();
+        if *before != address(world.net, "cache-a-2") {
+            assert_eq!((&to, status.as_str()), (before, "HIT"), "{o} moved");
+        }
+        *statuses
+            .entry(if status == "HIT" { "HIT" } else { "other" })
+            .or_default() += 1;
+        now.push(to);
+    }
+    assert_eq!(
+        statuses.get("other").copied().unwrap_or(0),
+        moved,
+        "{statuses:?}"
+    );
+    assert_eq!(fetched(&world), 90 + moved);
+    assert_eq!(share(&now, "cache-a-2"), 0);
 }

@@ -6,7 +6,8 @@
 //! (`initialDelaySeconds: 0`), fills defaults, allocates a clusterIP, the deployment controller
 //! writes status and an annotation, and an update moves the fields it changes to its manager.
 //! The operator must take all that as it is: no write for the world it made, a restore for a
-//! hand edit.
+//! hand edit. `service-cache-live-with-address.json` is the cache's Service as the release before
+//! headless cache Services made it (captured the same way), for the upgrade.
 
 use cdn_operator::api::{CdnCluster, State};
 use cdn_operator::apply::{self, Change};
@@ -192,10 +193,13 @@ fn the_server_changed_values_the_operator_applied() {
         d["metadata"]["generation"]
     );
     assert!(d["metadata"]["annotations"]["deployment.kubernetes.io/revision"].is_string());
-    let s = fixture("service-cache-live");
+    // An address allocated to the balancer's Service; a cache's is headless.
+    let s = fixture("service-balancer");
     assert!(s["spec"]["clusterIP"]
         .as_str()
-        .is_some_and(|ip| !ip.is_empty()));
+        .is_some_and(|ip| ip.parse::<std::net::IpAddr>().is_ok()));
+    let s = fixture("service-cache-live");
+    assert_eq!(s["spec"]["clusterIPs"], serde_json::json!(["None"]));
 }
 
 #[test]
@@ -326,4 +330,63 @@ async fn reconciling_the_hand_edited_world_restores_it_once() {
         .await
         .unwrap();
     assert!(cm.data.unwrap()[build::CONFIG_KEY].contains("proxy_cache_path"));
+}
+
+#[tokio::test]
+async fn a_cache_service_made_with_an_address_is_created_again_headless() {
+    // The world after an upgrade: cache-live's Service as the previous release applied it, with
+    // an address (a clusterIP cannot change once set: an apply making it headless is refused).
+    let mut objects = world(&[]);
+    let owner = fixture("cdncluster-cache-live")["metadata"]["uid"].clone();
+    let mut old = fixture("service-cache-live-with-address");
+    old["metadata"]["ownerReferences"][0]["uid"] = owner;
+    let at = objects
+        .iter()
+        .position(|o| o["kind"] == "Service" && o["metadata"]["name"] == "cache-live")
+        .unwrap();
+    objects[at] = old;
+    let fake = support::FakeApi::with_objects(objects).await;
+    reconcile_all(&fake).await;
+    let writes: Vec<String> = fake
+        .requests()
+        .iter()
+        .filter(|r| r.is_write())
+        .map(|r| format!("{} {} {}", r.verb, r.kind, r.name))
+        .collect();
+    assert_eq!(
+        writes,
+        ["delete  cache-live", "patch Service cache-live"],
+        "deleted, then applied again, and nothing else"
+    );
+    let api: kube::Api<Service> = kube::Api::namespaced(fake.client.clone(), "probe");
+    let service = api.get("cache-live").await.unwrap();
+    assert_eq!(
+        service.spec.unwrap().cluster_ip.as_deref(),
+        Some("None"),
+        "headless"
+    );
+    fake.clear();
+    reconcile_all(&fake).await;
+    assert_eq!(fake.take_writes(), Vec::<String>::new());
+
+    // A cache turned balancer gets an address back (a headless Service stays headless when the
+    // apply leaves clusterIP out).
+    kube::Api::<CdnCluster>::namespaced(fake.client.clone(), "probe")
+        .patch(
+            "cache-live",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"spec": {"role": "balancer"}})),
+        )
+        .await
+        .unwrap();
+    fake.clear();
+    reconcile_all(&fake).await;
+    let deleted = fake
+        .requests()
+        .iter()
+        .filter(|r| r.verb == "delete" && r.name == "cache-live")
+        .count();
+    assert_eq!(deleted, 1);
+    let service = api.get("cache-live").await.unwrap();
+    assert_ne!(service.spec.unwrap().cluster_ip.as_deref(), Some("None"));
 }

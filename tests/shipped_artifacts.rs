@@ -207,6 +207,9 @@ fn expected_cluster_grants() -> BTreeSet<Grant> {
             g.insert(grant(group, resource, "", verb));
         }
     }
+    // src/cdncluster/mod.rs apply_service: a Service whose clusterIP must change is created
+    // again.
+    g.insert(grant("", "services", "", "delete"));
     // src/at/mod.rs reads the At fresh before writing its status.
     g.insert(grant("cnat.programming-kubernetes.info", "ats", "", "get"));
     g.insert(grant("events.k8s.io", "events", "", "create"));

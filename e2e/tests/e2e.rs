@@ -415,8 +415,8 @@ async fn a_pool_of_two_caches_deploys_one_hashed_upstream() {
     assert_eq!(conf.matches("upstream source_").count(), 1, "{conf}");
     for line in [
         "hash $host$uri$cdn_key_args consistent;".to_string(),
-        format!("server cache-a.{ns}.svc.cluster.local:80 resolve weight=2 max_fails=2 fail_timeout=5s;"),
-        format!("server cache-b.{ns}.svc.cluster.local:80 resolve weight=1 max_fails=2 fail_timeout=5s;"),
+        format!("server cache-a.{ns}.svc.cluster.local service=http resolve weight=4 max_fails=2 fail_timeout=5s;"),
+        format!("server cache-b.{ns}.svc.cluster.local service=http resolve weight=2 max_fails=2 fail_timeout=5s;"),
         "# default pool cache-a + cache-b".to_string(),
     ] {
         assert!(conf.contains(&line), "{line} missing in\n{conf}");
@@ -425,6 +425,70 @@ async fn a_pool_of_two_caches_deploys_one_hashed_upstream() {
         condition(&env, "balancer", "Stalled").await.unwrap().0,
         "False"
     );
+    // The caches' Services are headless (the cluster DNS names each pod, a member of the ring);
+    // the balancer's has an address.
+    let cluster_ips = |s: Service| s.spec.and_then(|s| s.cluster_ips).unwrap_or_default();
+    for cache in ["cache-a", "cache-b"] {
+        let service: Service = get(&env, cache).await.expect(cache);
+        assert_eq!(cluster_ips(service), ["None"], "{cache}");
+    }
+    let service: Service = get(&env, "balancer").await.expect("balancer");
+    let ips = cluster_ips(service);
+    assert!(
+        ips.len() == 1 && ips[0].parse::<std::net::IpAddr>().is_ok(),
+        "{ips:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_cache_service_made_with_an_address_is_created_again_headless() {
+    let Some(mut env) = Env::new("headless-upgrade").await else {
+        return;
+    };
+    // The previous release's world: the cache and its Service with an address, applied by the
+    // operator's field manager.
+    env.create_cluster("old", json!({"role": "cache", "sources": []}))
+        .await
+        .expect("old");
+    let cluster: CdnCluster = get(&env, "old").await.expect("old");
+    let owner = cluster
+        .controller_owner_ref(&())
+        .expect("an owner reference");
+    let service: Service = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {
+            "name": "old", "ownerReferences": [owner],
+            "labels": cdn_operator::cdncluster::build::labels(&cluster),
+        },
+        "spec": {
+            "selector": {"deployment": "old-deployment"},
+            "ports": [{"name": "http", "port": 80, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }))
+    .unwrap();
+    let params = PatchParams::apply(cdn_operator::apply::FIELD_MANAGER).force();
+    let before = env
+        .api::<Service>()
+        .patch("old", &params, &Patch::Apply(&service))
+        .await
+        .expect("the old Service");
+    assert_ne!(
+        before.spec.as_ref().unwrap().cluster_ip.as_deref(),
+        Some("None")
+    );
+
+    env.start_operator().await;
+    let after: Service = eventually("Service old headless", WAIT, || async {
+        get::<Service>(&env, "old")
+            .await
+            .filter(|s| s.spec.as_ref().unwrap().cluster_ip.as_deref() == Some("None"))
+    })
+    .await;
+    assert_ne!(after.uid(), before.uid(), "created again");
+    wait_state(&env, "old", DEPLOYED).await;
+    assert_children(&env, "old").await;
+    let logs = env.logs();
+    assert!(!logs.contains("reconcile failed"), "{logs}");
 }
 
 /// The API server's refusal of `spec`, with the CRDs installed (no operator needed).
@@ -659,6 +723,24 @@ async fn example_at_runs_at_once_and_becomes_done() {
         return;
     };
     env.start_operator().await;
+    // A cache turned balancer: its headless Service is deleted and created with an address.
+    env.api::<CdnCluster>()
+        .patch(
+            "cache-vod",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"role": "balancer"}})),
+        )
+        .await
+        .expect("cache-vod turned balancer");
+    eventually("Service cache-vod with an address", WAIT, || async {
+        get::<Service>(&env, "cache-vod").await.filter(|s| {
+            s.spec
+                .as_ref()
+                .and_then(|s| s.cluster_ip.as_deref())
+                .is_some_and(|ip| ip != "None")
+        })
+    })
+    .await;
     env.apply_yaml(&fixture("seed-examples/at-example.yaml"))
         .await
         .expect("example-at");
@@ -1240,6 +1322,24 @@ async fn rbac_the_shipped_roles_are_enough_for_the_whole_job() {
         get::<Deployment>(&env, "cache-vod-deployment")
             .await
             .filter(|d| d.metadata.deletion_timestamp.is_none())
+    })
+    .await;
+    // A cache turned balancer: its headless Service is deleted and created with an address.
+    env.api::<CdnCluster>()
+        .patch(
+            "cache-vod",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"role": "balancer"}})),
+        )
+        .await
+        .expect("cache-vod turned balancer");
+    eventually("Service cache-vod with an address", WAIT, || async {
+        get::<Service>(&env, "cache-vod").await.filter(|s| {
+            s.spec
+                .as_ref()
+                .and_then(|s| s.cluster_ip.as_deref())
+                .is_some_and(|ip| ip != "None")
+        })
     })
     .await;
     env.apply_yaml(&fixture("seed-examples/at-example.yaml"))

@@ -2,7 +2,7 @@
 
 use super::nginx::{
     self, keys_zone_mib, size_bytes, CacheTuning, HttpTuning, Paths, Upstream, HEALTH_PATH,
-    LISTEN_PORT,
+    LISTEN_PORT, SERVICE_PORT_NAME,
 };
 use super::sources::SERVICE_PORT;
 use crate::api::{CdnCluster, Role};
@@ -214,18 +214,28 @@ fn config_map(cluster: &CdnCluster, config: String) -> ConfigMap {
     }
 }
 
+/// Whether `service` is headless (no address of its own).
+pub fn is_headless(service: &Service) -> bool {
+    service.spec.as_ref().and_then(|s| s.cluster_ip.as_deref()) == Some("None")
+}
+
 fn service(cluster: &CdnCluster, name: &str) -> Service {
     Service {
         metadata: metadata(cluster, service_name(name)),
         spec: Some(ServiceSpec {
+            // A cache's Service is headless: the cluster DNS then names each ready pod (an SRV
+            // record per pod of the port), and the parents' hash ring has a member per pod, so
+            // each object is fetched once per cache cluster, not once per pod. A balancer's keeps
+            // its address for the clients in front of it.
+            cluster_ip: (cluster.spec.role == Role::Cache).then(|| "None".into()),
             selector: Some(BTreeMap::from([(
                 POD_LABEL.to_string(),
                 deployment_name(name),
             )])),
             ports: Some(vec![ServicePort {
-                name: Some("http".into()),
+                name: Some(SERVICE_PORT_NAME.into()),
                 port: SERVICE_PORT,
-                target_port: Some(IntOrString::String("http".into())),
+                target_port: Some(IntOrString::String(SERVICE_PORT_NAME.into())),
                 protocol: Some("TCP".into()),
                 ..ServicePort::default()
             }]),
@@ -338,7 +348,7 @@ fn deployment(cluster: &CdnCluster, run_as: &RunAs) -> Deployment {
     let probe = |initial_delay: i32| Probe {
         http_get: Some(HTTPGetAction {
             path: Some(HEALTH_PATH.into()),
-            port: IntOrString::String("http".into()),
+            port: IntOrString::String(SERVICE_PORT_NAME.into()),
             ..HTTPGetAction::default()
         }),
         initial_delay_seconds: Some(initial_delay),
@@ -360,7 +370,7 @@ fn deployment(cluster: &CdnCluster, run_as: &RunAs) -> Deployment {
             format!("{CONFIG_DIR}/{ENTRYPOINT_KEY}"),
         ]),
         ports: Some(vec![ContainerPort {
-            name: Some("http".into()),
+            name: Some(SERVICE_PORT_NAME.into()),
             container_port: i32::from(LISTEN_PORT),
             protocol: Some("TCP".into()),
             ..ContainerPort::default()

@@ -391,7 +391,7 @@ async fn apply_children(
     } = children;
     let (config_map, service) = futures::join!(
         apply_child(ctx, namespace, &ctx.config_maps, config_map),
-        apply_child(ctx, namespace, &ctx.services, service),
+        apply_service(ctx, namespace, service),
     );
     // Whatever was applied is recorded, even beside a refusal.
     let config_map = config_map.map(|a| written.child(&ctx.config_maps, namespace, a));
@@ -402,6 +402,44 @@ async fn apply_children(
     let (observed, applied) = written.child(&ctx.deployments, namespace, deployment);
     let last_known = applied.map(|a| a.record).or(observed);
     Ok(last_known.and_then(|d| d.typed(&name).ok()))
+}
+
+/// Applies the Service, first deleting one whose address cannot become the desired one: a
+/// cache's Service made with an address (before caches had headless Services) or a headless one
+/// whose cluster turned balancer; a Service's `clusterIP` cannot change once set.
+async fn apply_service(
+    ctx: &Context,
+    namespace: &str,
+    desired: Service,
+) -> Result<ChildApplied<Service>, Error> {
+    let name = desired.name_any();
+    let observed = ctx.services.get(namespace, &name);
+    let headless = build::is_headless(&desired);
+    let Some(old) = observed
+        .as_ref()
+        .filter(|o| applied_headless(o) != headless)
+    else {
+        return apply_over(ctx, namespace, observed, desired).await;
+    };
+    tracing::info!(%namespace, %name, headless, "creating the Service again: its address cannot change");
+    let api: Api<Service> = Api::namespaced(ctx.shared.client.clone(), namespace);
+    apply::delete_at(&api, &name, &old.version)
+        .await
+        .map_err(|source| Error::ApplyChild {
+            kind: Service::kind(&()).to_string(),
+            name,
+            source,
+        })?;
+    apply_over(ctx, namespace, None, desired).await
+}
+
+/// Whether the operator made the cached Service `observed` headless: it owns its `clusterIP`,
+/// which it sets only to make a Service headless.
+fn applied_headless(observed: &Record) -> bool {
+    observed
+        .owned
+        .as_ref()
+        .is_some_and(|owned| owned.covers(&serde_json::json!({"spec": {"clusterIP": "None"}})))
 }
 
 /// What [`apply_child`] found and did: the child's cached copy, and the change and the server's
@@ -422,8 +460,25 @@ where
         + DeserializeOwned
         + Debug,
 {
+    let observed = cache.get(namespace, &desired.name_any());
+    apply_over(ctx, namespace, observed, desired).await
+}
+
+/// Applies one child if needed over `observed`, its cached copy (`None`: there is none).
+async fn apply_over<K>(
+    ctx: &Context,
+    namespace: &str,
+    observed: Option<Record>,
+    desired: K,
+) -> Result<ChildApplied<K>, Error>
+where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + Serialize
+        + DeserializeOwned
+        + Debug,
+{
     let name = desired.name_any();
-    let observed = cache.get(namespace, &name);
     let api: Api<Compact<K>> = Api::namespaced(ctx.shared.client.clone(), namespace);
     let applied = apply::apply(&api, desired, observed.as_ref())
         .await

@@ -18,6 +18,11 @@ pub const CACHE_STATUS_HEADER: &str = "X-Cache-Status";
 /// The response header in which a pool's location reports the member that answered (after the
 /// members that failed, comma-separated): nginx's `$upstream_addr`.
 pub const UPSTREAM_HEADER: &str = "X-Cdn-Upstream";
+/// The name of a CdnCluster's Service port. Parents look the cluster's pods up by it: the cluster
+/// DNS publishes `_http._tcp.NAME.NAMESPACE.svc.DOMAIN` with one SRV record per ready pod of a
+/// headless Service (a cache's), one naming the Service itself otherwise.
+pub const SERVICE_PORT_NAME: &str = "http";
+
 /// The file, in the temp folder, where the entrypoint writes nginx's `resolver` directive.
 pub const RESOLVER_FILE: &str = "resolver.conf";
 /// How long nginx keeps what it looked up: a source's new address is followed this fast.
@@ -27,6 +32,9 @@ pub const RESOLVER_VALID: &str = "5s";
 /// what it relays from further up is an answer.
 pub const POOL_MAX_FAILS: u32 = 2;
 pub const POOL_FAIL_TIMEOUT: &str = "5s";
+/// The members a request to a ring with a tier in it tries at most: a tier's pods are members
+/// too, however many there are.
+pub const RING_TRIES: usize = 3;
 
 /// Timeouts, ordered so that the inner tier gives up first: a cache answers (stale, or the
 /// origin's error) before the balancer in front of it would give up on it, so a slow origin
@@ -98,16 +106,17 @@ pub struct Upstream {
     pub path_condition: Option<String>,
     /// `http` or `https`.
     pub scheme: &'static str,
-    /// `host:port` nginx connects to; a host name is looked up while nginx runs.
+    /// `host:port` nginx connects to, a host name looked up while nginx runs; for a tier, the
+    /// Service's name alone: its pods are looked up by the port's SRV records.
     pub address: String,
     /// The Host header sent upstream; `None` keeps the client's.
     pub host_header: Option<String>,
     /// A path prefixed to every request path (from an origin URL).
     pub path_prefix: String,
-    /// Its share of its pool (`weight=` on the hash ring).
+    /// Its share of its pool (`weight=` on the hash ring), for each of its pods when a tier.
     pub weight: u32,
-    /// Another CdnCluster (a tier of this CDN) rather than an origin: its timeouts are the
-    /// tiers', and it is failed over only when it fails itself.
+    /// Another CdnCluster (a tier of this CDN) rather than an origin: its pods are members of the
+    /// hash ring, its timeouts are the tiers', and it is failed over only when it fails itself.
     pub tier: bool,
 }
 
@@ -317,13 +326,15 @@ pub fn render(
             let _ = writeln!(c, "    # source {}", comment(&up.name));
         }
         let _ = writeln!(c, "    upstream source_{i} {{");
-        let spread = pool.len() > 1;
-        if spread {
-            // One member per object, so each object is fetched and cached by one cache of the
-            // pool; a member leaving or joining moves only its own share of the objects. The key
-            // is the caches' own key, so an excluded parameter does not spread an object. (The
-            // ring is made of the `server` lines: the addresses one name resolves to share its
-            // points, and nginx takes turns between them.)
+        // A ring when there is more than one member: a pool, or a tier's pods.
+        let ring = pool.len() > 1 || pool.iter().any(|&m| upstreams[m].tier);
+        if ring {
+            // One member per object, so each object is fetched and cached by one cache pod of
+            // the pool; a member leaving or joining moves only its own share of the objects. The
+            // key is the caches' own key, so an excluded parameter does not spread an object.
+            // nginx places a member on the ring by its name: a tier's pods by the names their
+            // SRV records give each (the addresses of one A name would share its points and be
+            // taken in turns).
             let _ = writeln!(c, "        hash $host$uri{KEY_ARGS} consistent;");
         }
         // The addresses nginx looks up while it runs are kept in the zone, and the failures
@@ -335,11 +346,20 @@ pub fn render(
             // Service that appears after nginx started, is re-created with another address, or an
             // origin whose DNS changes is followed without a new configuration; an address is
             // taken as it is.
-            if spread {
+            let lookup = if up.tier {
+                format!(" service={SERVICE_PORT_NAME}")
+            } else {
+                String::new()
+            };
+            if ring {
+                // Weights written doubled: on a line whose weight is 1, nginx gives each pod
+                // the weight of its SRV record instead (the cluster DNS divides 100 among a
+                // Service's pods), and sources of weight 1 and 2 would no longer be 1:2.
                 let _ = writeln!(
                     c,
-                    "        server {} resolve weight={} max_fails={POOL_MAX_FAILS} fail_timeout={POOL_FAIL_TIMEOUT};",
-                    up.address, up.weight,
+                    "        server {}{lookup} resolve weight={} max_fails={POOL_MAX_FAILS} fail_timeout={POOL_FAIL_TIMEOUT};",
+                    up.address,
+                    2 * up.weight,
                 );
             } else {
                 let _ = writeln!(c, "        server {} resolve;", up.address);
@@ -585,7 +605,8 @@ fn proxy(
         line("proxy_ssl_server_name on;");
         line(&format!("proxy_ssl_name \"{server_name}\";"));
     }
-    let pooled = pool.len() > 1;
+    // More than one member: a pool, or a tier's pods.
+    let pooled = pool.len() > 1 || pool.iter().any(|&m| upstreams[m].tier);
     let (connect, read, next) = if up.tier {
         use timeouts::{TIER_CONNECT, TIER_NEXT, TIER_READ};
         (TIER_CONNECT, TIER_READ, TIER_NEXT)
@@ -605,7 +626,12 @@ fn proxy(
     }
     if pooled {
         // Each member at most once.
-        line(&format!("proxy_next_upstream_tries {};", pool.len()));
+        let tries = if pool.iter().any(|&m| upstreams[m].tier) {
+            pool.len().max(RING_TRIES)
+        } else {
+            pool.len()
+        };
+        line(&format!("proxy_next_upstream_tries {tries};"));
     }
     line(&format!("proxy_next_upstream_timeout {next}s;"));
     if pooled {

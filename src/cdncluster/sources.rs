@@ -18,8 +18,13 @@ pub enum Problem {
 
 /// The DNS name of a Service, fully qualified: nginx looks it up itself, without the pod's search
 /// domains.
+pub fn service_host(name: &str, namespace: &str, cluster_domain: &str) -> String {
+    format!("{name}.{namespace}.svc.{cluster_domain}")
+}
+
+/// A Service's name and `port`, as nginx connects to it.
 pub fn service_address(name: &str, namespace: &str, cluster_domain: &str, port: i32) -> String {
-    format!("{name}.{namespace}.svc.{cluster_domain}:{port}")
+    format!("{}:{port}", service_host(name, namespace, cluster_domain))
 }
 
 /// The cluster domain when nothing says otherwise.
@@ -118,8 +123,8 @@ where
         match &source.origin {
             None => match lookup(&source.name) {
                 Some(_) => {
-                    upstream.address =
-                        service_address(&source.name, &namespace, cluster_domain, SERVICE_PORT);
+                    // Looked up by its port's SRV records: the port comes with them.
+                    upstream.address = service_host(&source.name, &namespace, cluster_domain);
                 }
                 None => missing.push(source.name.clone()),
             },

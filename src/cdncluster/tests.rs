@@ -63,18 +63,18 @@ fn seed_balancer_resolves_its_caches_through_their_services() {
     let upstreams =
         sources::resolve(&all[0], world(&all), sources::DEFAULT_CLUSTER_DOMAIN).unwrap();
     assert_eq!(upstreams.len(), 2);
-    assert_eq!(
-        upstreams[0].address,
-        "cache-live.default.svc.cluster.local:80"
-    );
+    assert_eq!(upstreams[0].address, "cache-live.default.svc.cluster.local");
     assert_eq!(upstreams[0].path_condition.as_deref(), Some("^/live/"));
-    // Looked up while nginx runs.
+    // Its pods looked up while nginx runs, by the SRV records of the Service's port: one member
+    // of the ring per pod.
     let conf = build::config(&all[0], &upstreams, &Paths::default());
-    assert!(conf.contains("        server cache-live.default.svc.cluster.local:80 resolve;\n"));
-    assert_eq!(
-        upstreams[1].address,
-        "cache-vod.default.svc.cluster.local:80"
-    );
+    assert!(conf.contains(
+        "    upstream source_0 {\n        hash $host$uri$cdn_key_args consistent;\n        zone source_0 64k;\n\
+         \x20       server cache-live.default.svc.cluster.local service=http resolve weight=2 max_fails=2 fail_timeout=5s;\n"
+    ), "{conf}");
+    assert_eq!(upstreams[1].address, "cache-vod.default.svc.cluster.local");
+    // Whichever pod fails, up to three are tried.
+    assert_eq!(conf.matches("proxy_next_upstream_tries 3;").count(), 2);
 }
 
 #[test]
@@ -188,9 +188,9 @@ fn sources_sharing_a_condition_are_one_pool_balanced_by_consistent_hashing() {
     assert!(
         conf.contains(
             "    upstream source_0 {\n        hash $host$uri$cdn_key_args consistent;\n        zone source_0 64k;\n\
-             \x20       server cache-a.default.svc.cluster.local:80 resolve weight=2 max_fails=2 fail_timeout=5s;\n\
-             \x20       server cache-b.default.svc.cluster.local:80 resolve weight=1 max_fails=2 fail_timeout=5s;\n\
-             \x20       server cache-c.default.svc.cluster.local:80 resolve weight=1 max_fails=2 fail_timeout=5s;\n\
+             \x20       server cache-a.default.svc.cluster.local service=http resolve weight=4 max_fails=2 fail_timeout=5s;\n\
+             \x20       server cache-b.default.svc.cluster.local service=http resolve weight=2 max_fails=2 fail_timeout=5s;\n\
+             \x20       server cache-c.default.svc.cluster.local service=http resolve weight=2 max_fails=2 fail_timeout=5s;\n\
              \x20       keepalive 32;\n        keepalive_requests 10000;\n        keepalive_timeout 60s;\n    }"
         ),
         "{conf}"
@@ -198,8 +198,8 @@ fn sources_sharing_a_condition_are_one_pool_balanced_by_consistent_hashing() {
     assert!(conf.contains("    # source cache-b\n"));
     // nginx looks the names up with the resolver the entrypoint writes.
     assert!(conf.contains("\n    include /tmp/resolver.conf;\n"));
-    // A pool of one instance: no hashing, no failover.
-    assert!(conf.contains("    upstream source_1 {\n        zone source_1 64k;\n        server live.default.svc.cluster.local:80 resolve;\n        keepalive 32;\n        keepalive_requests 10000;\n        keepalive_timeout 60s;\n    }"));
+    // A source of one CdnCluster is a ring too: of its pods.
+    assert!(conf.contains("    upstream source_1 {\n        hash $host$uri$cdn_key_args consistent;\n        zone source_1 64k;\n        server live.default.svc.cluster.local service=http resolve weight=2 max_fails=2 fail_timeout=5s;\n        keepalive 32;\n        keepalive_requests 10000;\n        keepalive_timeout 60s;\n    }"), "{conf}");
     assert_eq!(conf.matches("upstream source_").count(), 2);
     assert!(!conf.contains("source_2") && !conf.contains("source_3"));
     let default = conf
@@ -221,11 +221,7 @@ fn sources_sharing_a_condition_are_one_pool_balanced_by_consistent_hashing() {
     }
     // A balancer passes the cache's X-Cache-Status on; it adds none.
     assert!(!location.contains("add_header X-Cache-Status"));
-    assert_eq!(
-        conf.matches("proxy_next_upstream_tries").count(),
-        1,
-        "not for a pool of one"
-    );
+    assert_eq!(conf.matches("proxy_next_upstream_tries 3;").count(), 2);
 
     // In a cache, a pool's location repeats the cache status (a location's add_header
     // replaces the server's).
@@ -410,6 +406,18 @@ fn children_have_the_seed_names_labels_and_owner() {
             .get("deployment")
             .map(String::as_str),
         Some("balancer-deployment")
+    );
+    // The balancer's Service has an address for its clients; a cache's is headless, so that the
+    // cluster DNS names each of its pods under the port its parents look up.
+    assert_eq!(svc.cluster_ip, None);
+    let port = &svc.ports.as_ref().unwrap()[0];
+    assert_eq!(port.name.as_deref(), Some(nginx::SERVICE_PORT_NAME));
+    let cache = build::children(&all[1], &[], &RunAs::default());
+    let cache_svc = cache.service.spec.as_ref().unwrap();
+    assert_eq!(cache_svc.cluster_ip.as_deref(), Some("None"));
+    assert_eq!(
+        cache_svc.publish_not_ready_addresses, None,
+        "ready pods only"
     );
     for meta in [
         &children.deployment.metadata,

@@ -432,8 +432,10 @@ pub fn nginx_config(
 
 /// The names the nginx instances of a test look up, as a pod finds them: the Services' names
 /// (fully qualified) in a DNS server of the test on port 53 of `dns_ip` (nginx looks them up while
-/// it runs), every name in an /etc/hosts for its sandbox too (a URL origin's host is looked up
-/// when nginx loads its configuration).
+/// it runs), each with the SRV record of its `http` port as the cluster DNS publishes it for a
+/// Service with an address (the name itself, port 80; a test makes a Service headless with
+/// [`Names::members`]); every name in an /etc/hosts for its sandbox too (a URL origin's host is
+/// looked up when nginx loads its configuration).
 pub struct Names {
     pub dns: cdn_operator_testkit::Dns,
     pub hosts: std::path::PathBuf,
@@ -447,10 +449,26 @@ impl Names {
         for (name, ip) in names {
             text.push_str(&format!("{ip} {name}\n"));
             dns.set(name, &[ip.parse().unwrap()]);
+            dns.set_srv(&srv_name(name), &[(100, 80, name)]);
         }
         let hosts = dir.join("hosts");
         std::fs::write(&hosts, text).unwrap();
         Names { dns, hosts }
+    }
+
+    /// The Service `service` is now headless with the ready pods `pods` (name, address), as the
+    /// cluster DNS publishes them: an SRV record of its `http` port per pod (weight 100/N, port
+    /// 80), each pod's name with its address, and the Service's name with all of them.
+    pub fn members(&self, service: &str, pods: &[(&str, &str)]) {
+        let weight = 100 / pods.len().max(1) as u16;
+        for (pod, ip) in pods {
+            self.dns.set(pod, &[ip.parse().unwrap()]);
+        }
+        let all: Vec<std::net::Ipv4Addr> = pods.iter().map(|(_, ip)| ip.parse().unwrap()).collect();
+        self.dns.set(service, &all);
+        let targets: Vec<(u16, u16, &str)> =
+            pods.iter().map(|(pod, _)| (weight, 80, *pod)).collect();
+        self.dns.set_srv(&srv_name(service), &targets);
     }
 
     /// Writes the resolver an nginx with its temp files in `temp_dir` includes: what the pod's
@@ -494,6 +512,14 @@ impl Names {
             cdn_operator::cdncluster::nginx::RESOLVER_VALID
         )
     }
+}
+
+/// The name of the SRV records of `service`'s port `http`.
+pub fn srv_name(service: &str) -> String {
+    format!(
+        "_{}._tcp.{service}",
+        cdn_operator::cdncluster::nginx::SERVICE_PORT_NAME
+    )
 }
 
 /// Waits until the nginx at `addr` has looked its sources up. nginx asks the DNS server once it
