@@ -196,7 +196,7 @@ fn main() -> ExitCode {
     let setup = Setup {
         hosts,
         resolv_conf,
-        _dns: dns,
+        dns,
         www,
         isolated,
         wrk_seconds: args.wrk_seconds,
@@ -261,8 +261,8 @@ fn main() -> ExitCode {
 struct Setup {
     hosts: PathBuf,
     resolv_conf: PathBuf,
-    /// Answers the pods' lookups while it lives.
-    _dns: Dns,
+    /// Answers the pods' lookups while it lives; row 15 scales a cache in it.
+    dns: Dns,
     www: PathBuf,
     /// Whether the run has a network namespace of its own (then the pods run as [`POD_USER`]).
     isolated: bool,
@@ -893,7 +893,7 @@ impl Cdn {
             ("12", |c, _| c.row12_collapsed_misses(), false),
             ("13", |c, _| c.row13_head(), false),
             ("14", |c, s| c.row14_config_change(s), false),
-            ("15", |_, _| row15_replicas(), false),
+            ("15", |c, s| c.row15_replicas(s), false),
         ];
         let mut figures = Vec::new();
         for (id, row, resets) in rows {
@@ -1504,6 +1504,118 @@ impl Cdn {
             }),
         )]
     }
+
+    /// Row 15: cache-1 scaled to three pods, its headless Service naming each; 90 objects asked
+    /// three times through the balancer (in order, in reverse, in order). The origin's fetches
+    /// per object: 1 when each object has one pod, up to 3 when the balancer takes turns between
+    /// the pods of one name. cache-1 goes back to one pod afterwards.
+    fn row15_replicas(&mut self, setup: &Setup) -> Vec<Figure> {
+        const EXTRA: [&str; 2] = ["127.0.0.13", "127.0.0.14"];
+        let one = PODS[1].1;
+        let three = [one, EXTRA[0], EXTRA[1]];
+        let mut extra = Vec::new();
+        for (k, ip) in EXTRA.iter().enumerate() {
+            match start_pod(
+                setup,
+                &self.dir,
+                "cache-1",
+                ip,
+                &self.desired["cache-1"],
+                100 + k as u32,
+            ) {
+                Ok(pod) => extra.push(pod),
+                Err(e) => {
+                    return vec![figure(
+                        "15",
+                        format!("not measured: {e}"),
+                        None,
+                        Value::Null,
+                    )]
+                }
+            }
+        }
+        // The members the balancer sends 60 probes (paths no object has) to.
+        let probed = || -> BTreeSet<String> {
+            let mut client = Client::new(EDGE);
+            (0..60)
+                .filter_map(|i| client.get(&format!("/probe/r15-{i}")).ok())
+                .filter_map(|r| r.header(UPSTREAM_HEADER).map(str::to_string))
+                .flat_map(|a| a.split(", ").map(str::to_string).collect::<Vec<_>>())
+                .collect()
+        };
+        let member = |ip: &str| format!("{ip}:80");
+        publish(&setup.dns, "cache-1", true, &three);
+        // Within the balancer's lookup lifetime (5 s).
+        let found = wait_for(Duration::from_secs(20), || {
+            let seen = probed();
+            three.iter().all(|ip| seen.contains(&member(ip)))
+        });
+
+        let mark = self.log.mark();
+        let objects: Vec<String> = (0..90).map(|i| format!("/obj/r15-{i}")).collect();
+        let mut client = Client::new(EDGE);
+        let mut failures = Failures::default();
+        let mut members: BTreeMap<&str, BTreeSet<String>> = BTreeMap::new();
+        for pass in 0..3 {
+            let order: Vec<&String> = if pass == 1 {
+                objects.iter().rev().collect()
+            } else {
+                objects.iter().collect()
+            };
+            for object in order {
+                let r = client.get(object);
+                if let Ok(r) = &r {
+                    if let Some(a) = r.header(UPSTREAM_HEADER) {
+                        members.entry(object).or_default().insert(a.to_string());
+                    }
+                }
+                failures.check(r, 200);
+            }
+        }
+        let fetches = self
+            .log
+            .settle(mark, "/obj/r15-", Duration::from_millis(300))
+            .len();
+        let on_three = members
+            .values()
+            .flatten()
+            .filter(|a| EXTRA.iter().any(|ip| **a == member(ip)))
+            .count();
+
+        publish(&setup.dns, "cache-1", true, &[one]);
+        let back = wait_for(Duration::from_secs(20), || {
+            let seen = probed();
+            !EXTRA.iter().any(|ip| seen.contains(&member(ip)))
+        });
+        for pod in extra {
+            pod.nginx.stop();
+        }
+        let per_object = fetches as f64 / objects.len() as f64;
+        let found_note = if found {
+            ""
+        } else {
+            ", the pods never all seen"
+        };
+        vec![figure(
+            "15",
+            format!(
+                "{per_object:.2} ({fetches} fetches of {} objects asked 3 times{found_note}{})",
+                objects.len(),
+                failures.suffix()
+            ),
+            Some(found && fetches == objects.len() && failures.count == 0),
+            json!({
+                "fetches": fetches,
+                "objects": objects.len(),
+                "passes": 3,
+                "all_pods_seen": found,
+                "answers_by_the_added_pods": on_three,
+                "objects_answered_by_more_than_one_member": members.values().filter(|m| m.len() > 1).count(),
+                "back_to_one_pod": back,
+                "failed": failures.to_json(),
+            }),
+        )]
+    }
 }
 
 impl Drop for Cdn {
@@ -1540,16 +1652,6 @@ fn cache_status(r: &io::Result<Response>) -> &str {
         .ok()
         .and_then(|r| r.header(CACHE_STATUS_HEADER))
         .unwrap_or("-")
-}
-
-/// Row 15: not measured.
-fn row15_replicas() -> Vec<Figure> {
-    vec![figure(
-        "15",
-        "not measured: replicas do not form a ring yet".into(),
-        None,
-        Value::Null,
-    )]
 }
 
 /// Failed requests: an error, or another status than expected.
@@ -1737,13 +1839,42 @@ fn pattern(len: usize) -> Vec<u8> {
 fn cluster_dns(dir: &Path) -> (Dns, PathBuf) {
     let dns = Dns::start_on(SocketAddr::from(([127, 0, 0, 53], 53)));
     for (cluster, ip) in PODS.iter().chain([&("origin", ORIGIN_IP)]) {
-        let ip = ip.parse().expect("an IPv4 address");
-        dns.set(&format!("{cluster}.default.svc.cluster.local"), &[ip]);
+        // The caches' Services are headless, as the operator makes them.
+        publish(&dns, cluster, cluster.starts_with("cache-"), &[ip]);
     }
     let path = dir.join("resolv.conf");
     std::fs::write(&path, "nameserver 127.0.0.53\n").expect("writing resolv.conf");
     chmod(&path, 0o644);
     (dns, path)
+}
+
+/// Publishes the Service `service` of the namespace `default` with the ready pods at `ips`, as
+/// the cluster DNS does: its name with the pods' addresses when headless (else its own address,
+/// `ips[0]`), and the SRV records of its port `http` (80): one per pod, named by its dashed
+/// address under the Service, when headless; one naming the Service otherwise.
+fn publish(dns: &Dns, service: &str, headless: bool, ips: &[&str]) {
+    let name = format!("{service}.default.svc.cluster.local");
+    let srv = format!("_http._tcp.{name}");
+    let address = |ip: &str| ip.parse().expect("an IPv4 address");
+    if headless {
+        let pods: Vec<(String, &str)> = ips
+            .iter()
+            .map(|ip| (format!("{}.{name}", ip.replace('.', "-")), *ip))
+            .collect();
+        for (pod, ip) in &pods {
+            dns.set(pod, &[address(ip)]);
+        }
+        dns.set(&name, &ips.iter().map(|ip| address(ip)).collect::<Vec<_>>());
+        let weight = 100 / pods.len().max(1) as u16;
+        let targets: Vec<(u16, u16, &str)> = pods
+            .iter()
+            .map(|(pod, _)| (weight, 80, pod.as_str()))
+            .collect();
+        dns.set_srv(&srv, &targets);
+    } else {
+        dns.set(&name, &[address(ips[0])]);
+        dns.set_srv(&srv, &[(100, 80, &name)]);
+    }
 }
 
 /// The sandboxes' /etc/hosts: the Services' names on loopback addresses.
