@@ -142,8 +142,23 @@ impl Events {
         K: Resource<DynamicType = ()>,
     {
         let reason = notice.reason;
-        if let Err(error) = self.send(&obj.object_ref(&()), notice).await {
-            tracing::warn!(%error, reason, "could not publish an Event");
+        let regarding = obj.object_ref(&());
+        match self.send(&regarding, notice).await {
+            Ok(()) => {}
+            // The namespace is being deleted, and the object with it.
+            Err(error) if crate::reconcile::is_namespace_terminating(&error) => {
+                tracing::debug!(reason, "no Event: its namespace is being deleted");
+            }
+            Err(error) => {
+                let error = crate::reconcile::describe(&error);
+                let object = format!(
+                    "{} {}/{}",
+                    regarding.kind.as_deref().unwrap_or_default(),
+                    regarding.namespace.as_deref().unwrap_or_default(),
+                    regarding.name.as_deref().unwrap_or_default()
+                );
+                tracing::warn!(%object, reason, %error, "could not publish an Event; the reconcile goes on");
+            }
         }
     }
 

@@ -78,14 +78,45 @@ pub enum Error {
     },
 }
 
+impl Error {
+    /// The failed request's error.
+    fn source_error(&self) -> &kube::Error {
+        match self {
+            Error::ApplyChild { source, .. } | Error::ReleaseFinalizer { source, .. } => source,
+            Error::WriteStatus(source) | Error::ReadFresh(source) => source,
+        }
+    }
+
+    /// Whether the request was refused because the object's namespace is being deleted: the
+    /// object goes with it, so nothing is retried or announced.
+    pub fn is_namespace_terminating(&self) -> bool {
+        is_namespace_terminating(self.source_error())
+    }
+}
+
 /// A failed request in one line: the server's message and code, or the client's error.
-fn describe(error: &kube::Error) -> String {
+pub fn describe(error: &kube::Error) -> String {
     match error {
         kube::Error::Api(status) => {
             format!("{} ({} {})", status.message, status.code, status.reason)
         }
         other => other.to_string(),
     }
+}
+
+/// Whether the API server refused to create something in a namespace being deleted
+/// (`NamespaceTerminating`: 403, "unable to create new content in namespace … because it is being
+/// terminated").
+pub fn is_namespace_terminating(error: &kube::Error) -> bool {
+    let kube::Error::Api(status) = error else {
+        return false;
+    };
+    status.code == 403
+        && (status
+            .details
+            .as_ref()
+            .is_some_and(|d| d.causes.iter().any(|c| c.reason == "NamespaceTerminating"))
+            || status.message.contains("because it is being terminated"))
 }
 
 /// Whether the API server answered that the object does not exist (any more).
@@ -123,8 +154,14 @@ impl Backoff {
         self.failures.lock().expect("backoff lock").remove(key);
     }
 
-    /// Records a failure of `key`, logs it, and retries after its backoff.
+    /// Records a failure of `key`, logs it, and retries after its backoff; an object whose
+    /// namespace is being deleted is left to go with it, quietly.
     pub fn retry(&self, key: &str, error: &Error) -> Action {
+        if error.is_namespace_terminating() {
+            self.succeeded(key);
+            tracing::debug!(%key, "its namespace is being deleted: not retried");
+            return Action::await_change();
+        }
         let delay = self.failed(key);
         tracing::warn!(%key, %error, retry_in = ?delay, "reconcile failed");
         Action::requeue(delay)

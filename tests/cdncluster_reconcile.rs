@@ -767,6 +767,43 @@ async fn a_child_the_server_refuses_is_reported_in_the_status_and_one_warning() 
 }
 
 #[tokio::test]
+async fn a_cluster_whose_namespace_is_being_deleted_is_left_to_go_quietly() {
+    let c = Cluster::new().await;
+    c.create("foo", Role::Cache, &[]).await;
+    c.fake.refuse_namespace_terminating(NS);
+    let ctx = c.context().await;
+    let obj = Arc::new(c.get_cluster("foo").await);
+    let error = cdncluster::reconcile(obj.clone(), ctx.clone())
+        .await
+        .unwrap_err();
+    assert!(error.is_namespace_terminating(), "{error}");
+    // No status, no Event: only the refused apply (and the Service beside it).
+    let writes = c.take_writes();
+    assert!(
+        writes
+            .iter()
+            .all(|w| w.starts_with("patch ConfigMap") || w.starts_with("patch Service")),
+        "{writes:?}"
+    );
+    assert_eq!(c.get_cluster("foo").await.status, None);
+    // Not retried: the cluster goes with its namespace.
+    assert_eq!(
+        reconcile::error_policy(obj, &error, ctx),
+        Action::await_change()
+    );
+
+    // Any other refusal of a creation is retried, and reported.
+    c.fake.refuse(
+        "patch ConfigMap",
+        403,
+        "configmaps \"foo-nginx\" is forbidden: exceeded quota: no-configmaps",
+    );
+    let error = c.reconcile("foo").await.unwrap_err();
+    assert!(!error.is_namespace_terminating());
+    assert_eq!(c.state("foo").await, Some(State::Error));
+}
+
+#[tokio::test]
 async fn the_service_goes_alongside_the_config_map_and_the_deployment_waits_for_it() {
     let c = Cluster::new().await;
     c.create("foo", Role::Cache, &[]).await;

@@ -239,6 +239,8 @@ async fn reconcile_unless_settled(
                     (deployment, failed) = (last_known, None);
                     Observed::Deployed(deployment.as_ref())
                 }
+                // The namespace is being deleted, and the cluster with it: nothing to report.
+                Err(error) if error.is_namespace_terminating() => return Err(error),
                 Err(error) => {
                     refusal = status::Refusal::of(&error, namespace);
                     failed = Some(error);

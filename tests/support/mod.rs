@@ -150,6 +150,8 @@ pub struct Refuse {
     pub message: String,
     /// How many more to refuse; `None`: until [`FakeApi::accept`].
     pub times: Option<usize>,
+    /// The Status's `reason` and `details`, when the server gives more than code and message.
+    pub status: Option<(String, serde_json::Value)>,
 }
 
 pub type Failure = Arc<Mutex<Option<Refuse>>>;
@@ -169,8 +171,12 @@ fn refusal(refuse: &Refuse) -> http::Response<kube::client::Body> {
         422 => "Invalid",
         _ => "InternalError",
     };
-    let status = serde_json::json!({"kind": "Status", "apiVersion": "v1", "metadata": {},
+    let mut status = serde_json::json!({"kind": "Status", "apiVersion": "v1", "metadata": {},
         "status": "Failure", "message": refuse.message, "reason": reason, "code": refuse.code});
+    if let Some((reason, details)) = &refuse.status {
+        status["reason"] = reason.as_str().into();
+        status["details"] = details.clone();
+    }
     http::Response::builder()
         .status(refuse.code)
         .header(http::header::CONTENT_TYPE, "application/json")
@@ -256,6 +262,26 @@ impl FakeApi {
             code,
             message: message.into(),
             times,
+            status: None,
+        });
+    }
+
+    /// Refuses every creation, as a real server does in the namespace `namespace` once it is
+    /// being deleted (the Status as kube-apiserver v1.36.2 words it, for a ConfigMap).
+    pub fn refuse_namespace_terminating(&self, namespace: &str) {
+        *self.fail.lock().unwrap() = Some(Refuse {
+            prefix: "patch ConfigMap".into(),
+            code: 403,
+            message: format!("configmaps \"x\" is forbidden: unable to create new content in namespace {namespace} because it is being terminated"),
+            times: None,
+            status: Some((
+                "Forbidden".into(),
+                serde_json::json!({"name": "x", "kind": "configmaps", "causes": [{
+                    "reason": "NamespaceTerminating",
+                    "message": format!("namespace {namespace} is being terminated"),
+                    "field": "metadata.namespace",
+                }]}),
+            )),
         });
     }
 
