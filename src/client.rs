@@ -35,14 +35,14 @@ pub async fn connect() -> Result<Client, String> {
 
 /// A kubeconfig that names no CA (the in-cluster config always does): kube would ask the
 /// system's store, which the image does not have, and fail even for an `http://` server. An
-/// `https://` server is verified against [`crate::trust::default_roots`] instead; `http://`
+/// `https://` server is verified against [`crate::runtime::trust::default_roots`] instead; `http://`
 /// needs no CA.
 fn trust_default_roots(config: &mut Config) -> Result<(), String> {
     if config.root_cert.is_some() {
         return Ok(());
     }
     let roots = if config.cluster_url.scheme_str() == Some("https") {
-        crate::trust::default_roots()?
+        crate::runtime::trust::default_roots()?
     } else {
         Vec::new()
     };

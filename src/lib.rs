@@ -15,8 +15,10 @@ pub mod fields;
 pub mod reconcile;
 pub mod restricted;
 pub mod run;
-pub mod runtime;
-pub mod trust;
+
+/// The runtime around the controllers, a crate of its own (runtime/) that knows no custom
+/// resource.
+pub use cdn_operator_runtime as runtime;
 
 /// The operator's version, as built.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -1,16 +1,14 @@
-//! What every controller shares: the common part of its context, errors by step, backoff, the
-//! error policy, and the leadership gate. Domain-free.
+//! What every controller shares: the common part of its context, errors by step, backoff and the
+//! error policy. Domain-free.
 
 use crate::cache::CachesReady;
 use crate::events::Events;
 use crate::restricted::RunAs;
-use futures::Stream;
 use kube::runtime::controller::Action;
 use kube::{Client, Resource, ResourceExt};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::sync::watch;
 
 /// The part of every controller's context that is not its caches.
 pub struct Shared {
@@ -177,50 +175,4 @@ pub fn key<K: Resource<DynamicType = ()>>(obj: &K) -> String {
         obj.namespace().unwrap_or_default(),
         obj.name_any()
     )
-}
-
-/// Whether this replica may write. Standby replicas keep their caches warm and reconcile nothing:
-/// the runtime calls no reconcile on them (`runtime::instrument::Reconciles`), and each acquisition
-/// of leadership triggers a full reconcile (`acquired`, given to each controller).
-#[derive(Clone)]
-pub struct Leadership {
-    tx: Arc<watch::Sender<bool>>,
-}
-
-impl Leadership {
-    /// Starts as a standby until `set(true)`.
-    pub fn standby() -> Self {
-        Leadership {
-            tx: Arc::new(watch::Sender::new(false)),
-        }
-    }
-
-    /// Always the leader: no election (local runs, tests).
-    pub fn always() -> Self {
-        Leadership {
-            tx: Arc::new(watch::Sender::new(true)),
-        }
-    }
-
-    pub fn set(&self, leader: bool) {
-        self.tx.send_replace(leader);
-    }
-
-    pub fn is_leader(&self) -> bool {
-        *self.tx.borrow()
-    }
-
-    /// Yields once each time leadership is acquired after this call.
-    pub fn acquired(&self) -> impl Stream<Item = ()> + Send + 'static {
-        let mut rx = self.tx.subscribe();
-        rx.mark_unchanged();
-        futures::stream::unfold(rx, |mut rx| async move {
-            loop {
-                rx.changed().await.ok()?;
-                if *rx.borrow_and_update() {
-                    return Some(((), rx));
-                }
-            }
-        })
-    }
 }

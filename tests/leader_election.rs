@@ -1,7 +1,7 @@
 //! The leader election against the in-memory API server (kube-fake-client). What it cannot show:
 //! real API latency and clock skew between nodes (e2e races two operators on a real server).
 
-use cdn_operator::reconcile::Leadership;
+use cdn_operator::runtime::leader::Leadership;
 use cdn_operator::runtime::leader::{Attempt, Config, Elector, Lost};
 use cdn_operator_testkit::{poll, racing};
 use k8s_openapi::api::coordination::v1::Lease;

@@ -217,7 +217,7 @@ fn expected_cluster_grants() -> BTreeSet<Grant> {
     g
 }
 
-/// The secured /metrics (src/runtime/access.rs): a TokenReview and a SubjectAccessReview per
+/// The secured /metrics (runtime/src/access.rs): a TokenReview and a SubjectAccessReview per
 /// new caller. Cluster-scoped, so a ClusterRole of its own that single-namespace mode keeps.
 fn expected_metrics_auth_grants() -> BTreeSet<Grant> {
     [

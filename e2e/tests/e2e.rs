@@ -1200,7 +1200,7 @@ fn shipped<'a>(manifests: &'a [serde_json::Value], kind: &str) -> &'a serde_json
 
 #[tokio::test]
 async fn leader_election_two_candidates_racing_for_an_expired_lease_never_both_lead() {
-    use cdn_operator::reconcile::Leadership;
+    use cdn_operator::runtime::leader::Leadership;
     use cdn_operator::runtime::leader::{Attempt, Config, Elector};
     let Some(env) = Env::new("leader-race").await else {
         return;

@@ -180,7 +180,13 @@ impl Args {
                 .log_format
                 .unwrap_or_else(LogFormat::default_for_environment),
             filter,
-            otlp: Otlp::from_env(|name| std::env::var(name).ok())?,
+            otlp: Otlp::from_env(
+                telemetry::Service {
+                    name: "cdn-operator",
+                    version: crate::VERSION,
+                },
+                |name| std::env::var(name).ok(),
+            )?,
         })
     }
 }

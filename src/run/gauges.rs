@@ -10,7 +10,7 @@
 //! CdnClusters, 5 for Ats): namespaces × states, not objects.
 
 use crate::api::{At, CdnCluster, Outcome, Phase, State};
-use crate::reconcile::Leadership;
+use crate::runtime::leader::Leadership;
 use crate::runtime::metrics::Metrics;
 use kube::runtime::reflector::Store;
 use kube::Resource;

@@ -1,8 +1,9 @@
 //! What wires each controller to the runtime: metrics, probes, leadership, shutdown.
 
-use crate::reconcile::{self, Context, Leadership};
+use crate::reconcile::{self, Context};
 use crate::runtime::http::Health;
 use crate::runtime::instrument::Reconciles;
+use crate::runtime::leader::Leadership;
 use crate::runtime::metrics::Metrics;
 use crate::runtime::shutdown::Shutdown;
 use futures::future::BoxFuture;

@@ -10,10 +10,10 @@ pub use args::Args;
 pub use gauges::{register_at_gauges, register_cdncluster_gauges};
 
 use crate::events::Events;
-use crate::reconcile::Leadership;
 use crate::runtime::access::Access;
 use crate::runtime::http::{self, Health};
 use crate::runtime::leader::Elector;
+use crate::runtime::leader::Leadership;
 use crate::runtime::metrics::Metrics;
 use crate::runtime::shutdown::{self, Shutdown};
 use crate::runtime::telemetry::{self, Telemetry};

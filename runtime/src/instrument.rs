@@ -3,7 +3,7 @@
 
 use super::metrics::{ControllerMetrics, Outcome};
 use super::telemetry;
-use crate::reconcile::Leadership;
+use crate::leader::Leadership;
 use futures::future::BoxFuture;
 use futures::FutureExt;
 use kube::runtime::controller::Action;
@@ -95,7 +95,7 @@ impl Reconciles {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::runtime::metrics::Metrics;
+    use crate::metrics::Metrics;
     use k8s_openapi::api::core::v1::ConfigMap;
     use std::time::Duration;
 
@@ -176,7 +176,7 @@ mod tests {
 #[cfg(test)]
 mod standby_tests {
     use super::*;
-    use crate::runtime::metrics::Metrics;
+    use crate::metrics::Metrics;
     use k8s_openapi::api::core::v1::ConfigMap;
 
     #[tokio::test]

@@ -5,13 +5,14 @@
 //!
 //! The election drives a [`Leadership`]: the controllers reconcile only while it says so.
 
-use crate::reconcile::Leadership;
+use futures::Stream;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube_leader_election::{LeaseLock, LeaseLockParams, LeaseLockResult};
 use prometheus_client::metrics::gauge::Gauge;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tokio::sync::watch;
 use tokio::time::Instant;
 
 /// Where the election takes place and how fast it moves.
@@ -324,7 +325,7 @@ pub fn default_identity(pod_name: Option<&str>) -> String {
         .map(|h| h.trim().to_string())
         .filter(|h| !h.is_empty())
         .or_else(|| std::env::var("HOSTNAME").ok())
-        .unwrap_or_else(|| "cdn-operator".into());
+        .unwrap_or_else(|| "localhost".into());
     // Unique per process, not secret: std's RandomState is keyed from the OS's random source,
     // which is all 32 bits of suffix need; no random-number crate for that.
     use std::hash::{BuildHasher, Hasher};
@@ -352,6 +353,52 @@ pub fn namespace(
 /// Where Kubernetes mounts the pod's namespace.
 pub const SERVICE_ACCOUNT_NAMESPACE: &str =
     "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
+
+/// Whether this replica may write. Standby replicas keep their caches warm and reconcile nothing:
+/// the runtime calls no reconcile on them ([`crate::instrument::Reconciles`]), and each acquisition
+/// of leadership triggers a full reconcile (`acquired`, given to each controller).
+#[derive(Clone)]
+pub struct Leadership {
+    tx: Arc<watch::Sender<bool>>,
+}
+
+impl Leadership {
+    /// Starts as a standby until `set(true)`.
+    pub fn standby() -> Self {
+        Leadership {
+            tx: Arc::new(watch::Sender::new(false)),
+        }
+    }
+
+    /// Always the leader: no election (local runs, tests).
+    pub fn always() -> Self {
+        Leadership {
+            tx: Arc::new(watch::Sender::new(true)),
+        }
+    }
+
+    pub fn set(&self, leader: bool) {
+        self.tx.send_replace(leader);
+    }
+
+    pub fn is_leader(&self) -> bool {
+        *self.tx.borrow()
+    }
+
+    /// Yields once each time leadership is acquired after this call.
+    pub fn acquired(&self) -> impl Stream<Item = ()> + Send + 'static {
+        let mut rx = self.tx.subscribe();
+        rx.mark_unchanged();
+        futures::stream::unfold(rx, |mut rx| async move {
+            loop {
+                rx.changed().await.ok()?;
+                if *rx.borrow_and_update() {
+                    return Some(((), rx));
+                }
+            }
+        })
+    }
+}
 
 #[cfg(test)]
 mod tests {

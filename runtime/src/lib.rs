@@ -1,6 +1,7 @@
 //! The production runtime around the controllers: leader election, probes over HTTP, metrics over
 //! HTTPS behind the API server's authentication and authorization,
-//! traces and logs, shutdown. Nothing here knows CdnCluster or At; `crate::run` glues them.
+//! traces and logs, shutdown. Nothing here knows CdnCluster or At: this crate depends on nothing
+//! of the operator, whose `run` module glues the two.
 
 pub mod access;
 pub mod http;
@@ -12,6 +13,7 @@ pub mod process;
 pub mod shutdown;
 pub mod telemetry;
 pub mod tls;
+pub mod trust;
 
 /// Parses a duration flag the way Go and kubebuilder operators write them (`15s`, `500ms`,
 /// `1m30s`), also accepting ISO 8601 (`PT15S`). Negative durations are refused.

@@ -13,8 +13,13 @@ use tracing_subscriber::layer::{Context, SubscriberExt};
 use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::{Layer, Registry};
 
-/// The OpenTelemetry `service.name` when `OTEL_SERVICE_NAME` does not set one.
-pub const SERVICE_NAME: &str = "cdn-operator";
+/// The program traced: its OpenTelemetry `service.name` when `OTEL_SERVICE_NAME` does not set
+/// one, and its `service.version`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Service {
+    pub name: &'static str,
+    pub version: &'static str,
+}
 
 /// Where to send traces.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -22,6 +27,7 @@ pub struct Otlp {
     /// The full URL of the traces endpoint (`…/v1/traces`).
     pub endpoint: String,
     pub service_name: String,
+    pub service_version: String,
     pub timeout: Duration,
     /// For `https://`: a PEM file of the CA(s) to trust instead of the system's.
     pub certificate: Option<std::path::PathBuf>,
@@ -37,7 +43,10 @@ impl Otlp {
     /// (0.33's `resolve_http_endpoint`), and the operator needs the result before building the
     /// exporter: whether tracing is on at all (the exporter would default to localhost), a bad
     /// URL or protocol as one line at start, the transport's timeout and the CA file.
-    pub fn from_env(var: impl Fn(&str) -> Option<String>) -> Result<Option<Otlp>, String> {
+    pub fn from_env(
+        service: Service,
+        var: impl Fn(&str) -> Option<String>,
+    ) -> Result<Option<Otlp>, String> {
         let var = |name: &str| {
             var(name)
                 .map(|v| v.trim().to_string())
@@ -85,7 +94,8 @@ impl Otlp {
         Ok(Some(Otlp {
             certificate,
             endpoint,
-            service_name: var("OTEL_SERVICE_NAME").unwrap_or_else(|| SERVICE_NAME.into()),
+            service_name: var("OTEL_SERVICE_NAME").unwrap_or_else(|| service.name.into()),
+            service_version: service.version.into(),
             timeout,
         }))
     }
@@ -192,7 +202,7 @@ where
         .with_service_name(otlp.service_name.clone())
         .with_attribute(opentelemetry::KeyValue::new(
             "service.version",
-            crate::VERSION,
+            otlp.service_version.clone(),
         ))
         .build();
     let provider = SdkTracerProvider::builder()
@@ -290,6 +300,11 @@ mod tests {
     use std::io::Write;
     use std::sync::{Arc, Mutex};
 
+    const SERVICE: Service = Service {
+        name: "test-service",
+        version: "1.2.3",
+    };
+
     fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
         let pairs: Vec<(String, String)> = pairs
             .iter()
@@ -305,47 +320,51 @@ mod tests {
 
     #[test]
     fn no_endpoint_means_no_exporter() {
-        assert_eq!(Otlp::from_env(env(&[])), Ok(None));
+        assert_eq!(Otlp::from_env(SERVICE, env(&[])), Ok(None));
         assert_eq!(
-            Otlp::from_env(env(&[("OTEL_EXPORTER_OTLP_ENDPOINT", " ")])),
+            Otlp::from_env(SERVICE, env(&[("OTEL_EXPORTER_OTLP_ENDPOINT", " ")])),
             Ok(None)
         );
         let disabled = [
             ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318"),
             ("OTEL_SDK_DISABLED", "true"),
         ];
-        assert_eq!(Otlp::from_env(env(&disabled)), Ok(None));
+        assert_eq!(Otlp::from_env(SERVICE, env(&disabled)), Ok(None));
         let none = [
             ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318"),
             ("OTEL_TRACES_EXPORTER", "none"),
         ];
-        assert_eq!(Otlp::from_env(env(&none)), Ok(None));
+        assert_eq!(Otlp::from_env(SERVICE, env(&none)), Ok(None));
     }
 
     #[test]
     fn endpoints_follow_the_specification() {
-        let base = Otlp::from_env(env(&[(
-            "OTEL_EXPORTER_OTLP_ENDPOINT",
-            "http://collector:4318/",
-        )]))
+        let base = Otlp::from_env(
+            SERVICE,
+            env(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318/")]),
+        )
         .unwrap()
         .unwrap();
         assert_eq!(base.endpoint, "http://collector:4318/v1/traces");
-        assert_eq!(base.service_name, "cdn-operator");
+        assert_eq!(base.service_name, "test-service");
+        assert_eq!(base.service_version, "1.2.3");
         assert_eq!(base.timeout, Duration::from_secs(10));
-        let traces = Otlp::from_env(env(&[
-            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://ignored:4318"),
-            (
-                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
-                "http://collector:4318/custom",
-            ),
-            ("OTEL_SERVICE_NAME", "cdn-operator-eu"),
-            ("OTEL_EXPORTER_OTLP_TIMEOUT", "2500"),
-        ]))
+        let traces = Otlp::from_env(
+            SERVICE,
+            env(&[
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://ignored:4318"),
+                (
+                    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+                    "http://collector:4318/custom",
+                ),
+                ("OTEL_SERVICE_NAME", "test-service-eu"),
+                ("OTEL_EXPORTER_OTLP_TIMEOUT", "2500"),
+            ]),
+        )
         .unwrap()
         .unwrap();
         assert_eq!(traces.endpoint, "http://collector:4318/custom");
-        assert_eq!(traces.service_name, "cdn-operator-eu");
+        assert_eq!(traces.service_name, "test-service-eu");
         assert_eq!(traces.timeout, Duration::from_millis(2500));
     }
 
@@ -355,30 +374,35 @@ mod tests {
             ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4317"),
             ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
         ];
-        assert!(Otlp::from_env(env(&grpc))
+        assert!(Otlp::from_env(SERVICE, env(&grpc))
             .unwrap_err()
             .contains("`grpc` is not supported"));
         let ftp = [("OTEL_EXPORTER_OTLP_ENDPOINT", "ftp://c:4318")];
-        assert!(Otlp::from_env(env(&ftp))
+        assert!(Otlp::from_env(SERVICE, env(&ftp))
             .unwrap_err()
             .contains("http:// or https://"));
         let bad = [("OTEL_EXPORTER_OTLP_ENDPOINT", "not a url")];
-        assert!(Otlp::from_env(env(&bad)).unwrap_err().contains("not a URL"));
+        assert!(Otlp::from_env(SERVICE, env(&bad))
+            .unwrap_err()
+            .contains("not a URL"));
         let timeout = [
             ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318"),
             ("OTEL_EXPORTER_OTLP_TIMEOUT", "5s"),
         ];
-        assert!(Otlp::from_env(env(&timeout))
+        assert!(Otlp::from_env(SERVICE, env(&timeout))
             .unwrap_err()
             .contains("milliseconds"));
     }
 
     #[test]
     fn https_trusts_the_built_in_and_system_roots_or_the_given_ca() {
-        let tls = Otlp::from_env(env(&[
-            ("OTEL_EXPORTER_OTLP_ENDPOINT", "https://collector:4318"),
-            ("OTEL_EXPORTER_OTLP_CERTIFICATE", "/etc/otel/ca.pem"),
-        ]))
+        let tls = Otlp::from_env(
+            SERVICE,
+            env(&[
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "https://collector:4318"),
+                ("OTEL_EXPORTER_OTLP_CERTIFICATE", "/etc/otel/ca.pem"),
+            ]),
+        )
         .unwrap()
         .unwrap();
         assert_eq!(tls.certificate, Some("/etc/otel/ca.pem".into()));
