@@ -19,25 +19,36 @@ pub fn identify(config: &mut Config) {
     config.headers.push((USER_AGENT, value));
 }
 
+/// Why no client can be made for the cluster.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    #[error("{0}")]
+    Config(#[source] kube::Error),
+    #[error(transparent)]
+    Roots(#[from] crate::runtime::trust::RootsError),
+    #[error("{0}")]
+    Client(#[source] kube::Error),
+}
+
 /// A client for the cluster of `KUBECONFIG` (or `~/.kube/config`), or the in-cluster config.
-pub async fn connect() -> Result<Client, String> {
+pub async fn connect() -> Result<Client, ConnectError> {
     // kube is built with ring, but another crate in the graph (in test builds, the fake
     // client's jsonschema) may enable aws-lc-rs too; rustls then refuses to pick one and
     // panics. Choose explicitly; an Err means a provider is already installed, which is fine.
     let _ = rustls::crypto::ring::default_provider().install_default();
     let mut config = Config::infer()
         .await
-        .map_err(|e| kube::Error::InferConfig(e).to_string())?;
+        .map_err(|e| ConnectError::Config(kube::Error::InferConfig(e)))?;
     identify(&mut config);
     trust_default_roots(&mut config)?;
-    Client::try_from(config).map_err(|e| e.to_string())
+    Client::try_from(config).map_err(ConnectError::Client)
 }
 
 /// A kubeconfig that names no CA (the in-cluster config always does): kube would ask the
 /// system's store, which the image does not have, and fail even for an `http://` server. An
 /// `https://` server is verified against [`crate::runtime::trust::default_roots`] instead; `http://`
 /// needs no CA.
-fn trust_default_roots(config: &mut Config) -> Result<(), String> {
+fn trust_default_roots(config: &mut Config) -> Result<(), ConnectError> {
     if config.root_cert.is_some() {
         return Ok(());
     }

@@ -159,20 +159,51 @@ pub async fn serve_tls(
         .await
 }
 
-/// Binds a listen address written as kubebuilder does: `:8080` (every interface),
-/// `127.0.0.1:8080`, `[::]:8080`; `0` disables the server (None).
-pub async fn bind(flag: &str, value: &str) -> Result<Option<tokio::net::TcpListener>, String> {
-    let Some(address) = parse_address(value).map_err(|e| format!("--{flag}: {e}"))? else {
+/// A listen address written as kubebuilder does: `:8080` (every interface), `127.0.0.1:8080`,
+/// `[::]:8080`; `0` disables the server.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+#[error("`{0}` is not a listen address like :8080, 127.0.0.1:8080 or [::]:8080 (0 disables)")]
+pub struct AddressError(pub String);
+
+/// Why a listen address flag cannot be served.
+#[derive(Debug, thiserror::Error)]
+pub enum BindError {
+    #[error("--{flag}: {source}")]
+    Address {
+        flag: String,
+        #[source]
+        source: AddressError,
+    },
+    #[error("--{flag}: cannot listen on {address}: {source}")]
+    Listen {
+        flag: String,
+        address: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Binds the listen address `value` of the flag `flag` (see [`AddressError`]); None for `0`.
+pub async fn bind(flag: &str, value: &str) -> Result<Option<tokio::net::TcpListener>, BindError> {
+    let parsed = parse_address(value).map_err(|source| BindError::Address {
+        flag: flag.into(),
+        source,
+    })?;
+    let Some(address) = parsed else {
         return Ok(None);
     };
     tokio::net::TcpListener::bind(address)
         .await
         .map(Some)
-        .map_err(|e| format!("--{flag}: cannot listen on {address}: {e}"))
+        .map_err(|source| BindError::Listen {
+            flag: flag.into(),
+            address,
+            source,
+        })
 }
 
-/// Parses a listen address (see [`bind`]).
-pub fn parse_address(value: &str) -> Result<Option<SocketAddr>, String> {
+/// Parses a listen address (see [`AddressError`]).
+pub fn parse_address(value: &str) -> Result<Option<SocketAddr>, AddressError> {
     let value = value.trim();
     if value == "0" {
         return Ok(None);
@@ -181,9 +212,9 @@ pub fn parse_address(value: &str) -> Result<Option<SocketAddr>, String> {
         Some(port) => format!("0.0.0.0:{port}"),
         None => value.to_string(),
     };
-    full.parse::<SocketAddr>().map(Some).map_err(|_| {
-        format!("`{value}` is not a listen address like :8080, 127.0.0.1:8080 or [::]:8080 (0 disables)")
-    })
+    full.parse::<SocketAddr>()
+        .map(Some)
+        .map_err(|_| AddressError(value.to_string()))
 }
 
 #[cfg(test)]
@@ -207,6 +238,7 @@ mod tests {
         assert_eq!(parse_address("0"), Ok(None));
         assert!(parse_address("8080")
             .unwrap_err()
+            .to_string()
             .contains("not a listen address"));
         assert!(parse_address(":http").is_err());
         assert!(parse_address("").is_err());
@@ -216,7 +248,10 @@ mod tests {
     async fn a_busy_port_is_a_clear_error() {
         let taken = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = taken.local_addr().unwrap().to_string();
-        let error = bind("metrics-bind-address", &address).await.unwrap_err();
+        let error = bind("metrics-bind-address", &address)
+            .await
+            .unwrap_err()
+            .to_string();
         assert!(
             error.starts_with("--metrics-bind-address: cannot listen on"),
             "{error}"

@@ -35,36 +35,48 @@ impl Config {
     pub const DEFAULT_RETRY_PERIOD: Duration = Duration::from_secs(2);
 
     /// The same rules as client-go: lease > renew deadline > 1.2 × retry period.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
         if self.namespace.is_empty() {
-            return Err("the leader election namespace is empty".into());
+            return Err(ConfigError::Empty("namespace"));
         }
         if self.lease_name.is_empty() {
-            return Err("the leader election lease name is empty".into());
+            return Err(ConfigError::Empty("lease name"));
         }
         if self.identity.is_empty() {
-            return Err("the leader election identity is empty".into());
+            return Err(ConfigError::Empty("identity"));
         }
         if self.lease_duration.subsec_nanos() != 0 || self.lease_duration.is_zero() {
-            return Err(format!(
-                "--leader-election-lease-duration must be a whole number of seconds, got {:?}",
-                self.lease_duration
-            ));
+            return Err(ConfigError::LeaseNotWholeSeconds(self.lease_duration));
         }
         if self.lease_duration <= self.renew_deadline {
-            return Err(format!(
-                "--leader-election-lease-duration ({:?}) must be longer than --leader-election-renew-deadline ({:?})",
-                self.lease_duration, self.renew_deadline
-            ));
+            return Err(ConfigError::LeaseNotLongerThanRenewDeadline {
+                lease: self.lease_duration,
+                renew: self.renew_deadline,
+            });
         }
         if self.retry_period.is_zero() || self.renew_deadline <= self.retry_period.mul_f64(1.2) {
-            return Err(format!(
-                "--leader-election-renew-deadline ({:?}) must be longer than 1.2 × --leader-election-retry-period ({:?}), which must not be zero",
-                self.renew_deadline, self.retry_period
-            ));
+            return Err(ConfigError::RenewDeadlineTooShort {
+                renew: self.renew_deadline,
+                retry: self.retry_period,
+            });
         }
         Ok(())
     }
+}
+
+/// Why the leader election cannot be set up as configured.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    #[error("the leader election {0} is empty")]
+    Empty(&'static str),
+    #[error("--leader-election-lease-duration must be a whole number of seconds, got {0:?}")]
+    LeaseNotWholeSeconds(Duration),
+    #[error("--leader-election-lease-duration ({lease:?}) must be longer than --leader-election-renew-deadline ({renew:?})")]
+    LeaseNotLongerThanRenewDeadline { lease: Duration, renew: Duration },
+    #[error("--leader-election-renew-deadline ({renew:?}) must be longer than 1.2 × --leader-election-retry-period ({retry:?}), which must not be zero")]
+    RenewDeadlineTooShort { renew: Duration, retry: Duration },
+    #[error("cannot tell which namespace to hold the leader election lease in: set --leader-election-namespace (or POD_NAMESPACE), or run with --leader-elect=false")]
+    NoNamespace,
 }
 
 /// Why the replica stopped leading. The process must exit and restart clean: its caches and
@@ -340,13 +352,13 @@ pub fn default_identity(pod_name: Option<&str>) -> String {
 pub fn namespace(
     flag: Option<&str>,
     service_account_file: &std::path::Path,
-) -> Result<String, String> {
+) -> Result<String, ConfigError> {
     if let Some(ns) = flag.map(str::trim).filter(|n| !n.is_empty()) {
         return Ok(ns.to_string());
     }
     match std::fs::read_to_string(service_account_file) {
         Ok(ns) if !ns.trim().is_empty() => Ok(ns.trim().to_string()),
-        _ => Err("cannot tell which namespace to hold the leader election lease in: set --leader-election-namespace (or POD_NAMESPACE), or run with --leader-elect=false".into()),
+        _ => Err(ConfigError::NoNamespace),
     }
 }
 
@@ -427,10 +439,11 @@ mod tests {
         assert!(c
             .validate()
             .unwrap_err()
+            .to_string()
             .contains("must be longer than --leader-election-renew-deadline"));
         let mut c = config();
         c.retry_period = Duration::from_secs(9);
-        assert!(c.validate().unwrap_err().contains("1.2 ×"));
+        assert!(c.validate().unwrap_err().to_string().contains("1.2 ×"));
         let mut c = config();
         c.retry_period = Duration::ZERO;
         assert!(c.validate().is_err());
@@ -439,10 +452,11 @@ mod tests {
         assert!(c
             .validate()
             .unwrap_err()
+            .to_string()
             .contains("whole number of seconds"));
         let mut c = config();
         c.identity = String::new();
-        assert!(c.validate().unwrap_err().contains("identity"));
+        assert!(c.validate().unwrap_err().to_string().contains("identity"));
     }
 
     #[test]
@@ -464,6 +478,7 @@ mod tests {
         assert_eq!(namespace(Some("ops"), &file), Ok("ops".into()));
         assert!(namespace(None, &file)
             .unwrap_err()
+            .to_string()
             .contains("--leader-election-namespace"));
         std::fs::write(&file, "operators\n").unwrap();
         assert_eq!(namespace(None, &file), Ok("operators".into()));

@@ -22,6 +22,30 @@ pub struct Service {
 }
 
 /// Where to send traces.
+/// Why logs or traces cannot be set up as configured.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum TelemetryError {
+    #[error("OTLP endpoint {0}")]
+    Endpoint(String),
+    #[error("OTLP protocol `{0}` is not supported: set OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf")]
+    Protocol(String),
+    #[error("OTEL_EXPORTER_OTLP_TIMEOUT `{0}` is not a number of milliseconds")]
+    Timeout(String),
+    #[error("OTEL_EXPORTER_OTLP_CERTIFICATE `{}`: {reason}", path.display())]
+    Certificate {
+        path: std::path::PathBuf,
+        reason: String,
+    },
+    #[error("{0} (for OTLP)")]
+    Roots(String),
+    #[error("cannot set up the OTLP exporter: {0}")]
+    Exporter(String),
+    #[error("invalid log level `{filter}`: {reason}")]
+    Level { filter: String, reason: String },
+    #[error("cannot install the log subscriber: {0}")]
+    Install(String),
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Otlp {
     /// The full URL of the traces endpoint (`…/v1/traces`).
@@ -46,7 +70,7 @@ impl Otlp {
     pub fn from_env(
         service: Service,
         var: impl Fn(&str) -> Option<String>,
-    ) -> Result<Option<Otlp>, String> {
+    ) -> Result<Option<Otlp>, TelemetryError> {
         let var = |name: &str| {
             var(name)
                 .map(|v| v.trim().to_string())
@@ -66,27 +90,26 @@ impl Otlp {
             (None, None) => return Ok(None),
         };
         let url = url::Url::parse(&endpoint)
-            .map_err(|e| format!("OTLP endpoint `{endpoint}` is not a URL: {e}"))?;
+            .map_err(|e| TelemetryError::Endpoint(format!("`{endpoint}` is not a URL: {e}")))?;
         if url.scheme() != "http" && url.scheme() != "https" {
-            return Err(format!(
-                "OTLP endpoint `{endpoint}` must be an http:// or https:// URL"
-            ));
+            return Err(TelemetryError::Endpoint(format!(
+                "`{endpoint}` must be an http:// or https:// URL"
+            )));
         }
         let protocol = var("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
             .or_else(|| var("OTEL_EXPORTER_OTLP_PROTOCOL"))
             .unwrap_or_else(|| "http/protobuf".into());
         if protocol != "http/protobuf" {
-            return Err(format!(
-                "OTLP protocol `{protocol}` is not supported: set OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf"
-            ));
+            return Err(TelemetryError::Protocol(protocol));
         }
         let timeout = match var("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT")
             .or_else(|| var("OTEL_EXPORTER_OTLP_TIMEOUT"))
         {
             None => Duration::from_secs(10),
-            Some(ms) => Duration::from_millis(ms.parse().map_err(|_| {
-                format!("OTEL_EXPORTER_OTLP_TIMEOUT `{ms}` is not a number of milliseconds")
-            })?),
+            Some(ms) => Duration::from_millis(
+                ms.parse()
+                    .map_err(|_| TelemetryError::Timeout(ms.clone()))?,
+            ),
         };
         let certificate = var("OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE")
             .or_else(|| var("OTEL_EXPORTER_OTLP_CERTIFICATE"))
@@ -140,11 +163,14 @@ impl Telemetry {
 /// inside a Tokio runtime when `otlp` is set: the exporter is a task of it.
 pub fn subscriber(
     settings: &Settings,
-) -> Result<(impl Subscriber + Send + Sync + 'static, Telemetry), String> {
+) -> Result<(impl Subscriber + Send + Sync + 'static, Telemetry), TelemetryError> {
     let filter = || {
         EnvFilter::builder()
             .parse(&settings.filter)
-            .map_err(|e| format!("invalid log level `{}`: {e}", settings.filter))
+            .map_err(|e| TelemetryError::Level {
+                filter: settings.filter.clone(),
+                reason: e.to_string(),
+            })
     };
     let fmt = match settings.format {
         LogFormat::Json => tracing_subscriber::fmt::layer()
@@ -171,14 +197,16 @@ pub fn subscriber(
 }
 
 /// Installs the subscriber for the whole process.
-pub fn init(settings: &Settings) -> Result<Telemetry, String> {
+pub fn init(settings: &Settings) -> Result<Telemetry, TelemetryError> {
     let (subscriber, telemetry) = subscriber(settings)?;
     tracing::subscriber::set_global_default(subscriber)
-        .map_err(|e| format!("cannot install the log subscriber: {e}"))?;
+        .map_err(|e| TelemetryError::Install(e.to_string()))?;
     Ok(telemetry)
 }
 
-fn otel_layer<S>(otlp: &Otlp) -> Result<(impl Layer<S> + Send + Sync, SdkTracerProvider), String>
+fn otel_layer<S>(
+    otlp: &Otlp,
+) -> Result<(impl Layer<S> + Send + Sync, SdkTracerProvider), TelemetryError>
 where
     S: Subscriber + for<'a> LookupSpan<'a> + Send + Sync,
 {
@@ -191,7 +219,7 @@ where
         .with_endpoint(otlp.endpoint.clone())
         .with_timeout(otlp.timeout)
         .build()
-        .map_err(|e| format!("cannot set up the OTLP exporter: {e}"))?;
+        .map_err(|e| TelemetryError::Exporter(e.to_string()))?;
     let processor =
         opentelemetry_sdk::trace::span_processor_with_async_runtime::BatchSpanProcessor::builder(
             exporter,
@@ -234,8 +262,10 @@ where
 /// for `https://`, trusting [`https_roots`].
 fn connector(
     otlp: &Otlp,
-) -> Result<hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>, String>
-{
+) -> Result<
+    hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>,
+    TelemetryError,
+> {
     let https = url::Url::parse(&otlp.endpoint).is_ok_and(|url| url.scheme() == "https");
     let roots = if https {
         https_roots(otlp.certificate.as_deref())?
@@ -246,7 +276,7 @@ fn connector(
         rustls::crypto::ring::default_provider(),
     ))
     .with_safe_default_protocol_versions()
-    .map_err(|e| format!("cannot set up TLS for OTLP: {e}"))?
+    .map_err(|e| TelemetryError::Exporter(format!("TLS: {e}")))?
     .with_root_certificates(roots)
     .with_no_client_auth();
     Ok(hyper_rustls::HttpsConnectorBuilder::new()
@@ -258,17 +288,20 @@ fn connector(
 
 /// The CAs an `https://` collector is verified against: only those of `certificate` when set,
 /// else [`crate::trust::default_roots`].
-fn https_roots(certificate: Option<&std::path::Path>) -> Result<rustls::RootCertStore, String> {
+fn https_roots(
+    certificate: Option<&std::path::Path>,
+) -> Result<rustls::RootCertStore, TelemetryError> {
     use rustls::pki_types::{pem::PemObject, CertificateDer};
     let Some(path) = certificate else {
         let mut roots = rustls::RootCertStore::empty();
         roots.add_parsable_certificates(
-            crate::trust::default_roots().map_err(|e| format!("{e} (for OTLP)"))?,
+            crate::trust::default_roots().map_err(|e| TelemetryError::Roots(e.to_string()))?,
         );
         return Ok(roots);
     };
-    let unreadable = |e: &dyn std::fmt::Display| {
-        format!("OTEL_EXPORTER_OTLP_CERTIFICATE `{}`: {e}", path.display())
+    let unreadable = |e: &dyn std::fmt::Display| TelemetryError::Certificate {
+        path: path.to_path_buf(),
+        reason: e.to_string(),
     };
     let mut roots = rustls::RootCertStore::empty();
     for cert in CertificateDer::pem_file_iter(path).map_err(|e| unreadable(&e))? {
@@ -376,14 +409,17 @@ mod tests {
         ];
         assert!(Otlp::from_env(SERVICE, env(&grpc))
             .unwrap_err()
+            .to_string()
             .contains("`grpc` is not supported"));
         let ftp = [("OTEL_EXPORTER_OTLP_ENDPOINT", "ftp://c:4318")];
         assert!(Otlp::from_env(SERVICE, env(&ftp))
             .unwrap_err()
+            .to_string()
             .contains("http:// or https://"));
         let bad = [("OTEL_EXPORTER_OTLP_ENDPOINT", "not a url")];
         assert!(Otlp::from_env(SERVICE, env(&bad))
             .unwrap_err()
+            .to_string()
             .contains("not a URL"));
         let timeout = [
             ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318"),
@@ -391,6 +427,7 @@ mod tests {
         ];
         assert!(Otlp::from_env(SERVICE, env(&timeout))
             .unwrap_err()
+            .to_string()
             .contains("milliseconds"));
     }
 
@@ -412,7 +449,7 @@ mod tests {
             certificate: Some(dir.path().join("missing.pem")),
             ..tls.clone()
         };
-        let Err(error) = connector(&missing) else {
+        let Err(error) = connector(&missing).map_err(|e| e.to_string()) else {
             panic!("a missing CA file must fail");
         };
         assert!(
@@ -425,7 +462,11 @@ mod tests {
             certificate: Some(empty_file),
             ..tls.clone()
         };
-        assert!(connector(&empty).err().unwrap().contains("no certificate"));
+        assert!(connector(&empty)
+            .err()
+            .unwrap()
+            .to_string()
+            .contains("no certificate"));
         // `http://` reads no certificate at all: not even a CA file named by mistake.
         let plain = Otlp {
             endpoint: "http://collector:4318/v1/traces".into(),
@@ -514,7 +555,7 @@ mod tests {
             filter: "info,=,[".into(),
             otlp: None,
         };
-        let error = subscriber(&settings).err().expect("must fail");
+        let error = subscriber(&settings).err().expect("must fail").to_string();
         assert!(error.starts_with("invalid log level"), "{error}");
     }
 }

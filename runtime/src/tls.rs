@@ -35,18 +35,18 @@ pub struct Certificate {
 impl Certificate {
     /// Loads or generates the certificate; a missing, unreadable or invalid file is an error
     /// that names it.
-    pub fn load(source: Source) -> Result<Certificate, String> {
+    pub fn load(source: Source) -> Result<Certificate, CertificateError> {
         let (cert, key) = match &source {
             Source::Files { cert, key } => (read(cert)?, read(key)?),
-            Source::SelfSigned => self_signed()?,
+            Source::SelfSigned => self_signed().map_err(CertificateError::SelfSigned)?,
         };
-        let config = server_config(&cert, &key).map_err(|e| match &source {
-            Source::Files { cert, key } => format!(
-                "the metrics certificate {} and key {}: {e}",
-                cert.display(),
-                key.display()
-            ),
-            Source::SelfSigned => format!("the self-signed metrics certificate: {e}"),
+        let config = server_config(&cert, &key).map_err(|reason| match &source {
+            Source::Files { cert, key } => CertificateError::Unusable {
+                cert: cert.clone(),
+                key: key.clone(),
+                reason,
+            },
+            Source::SelfSigned => CertificateError::SelfSigned(reason),
         })?;
         Ok(Certificate {
             config: RustlsConfig::from_config(Arc::new(config)),
@@ -91,8 +91,30 @@ impl Certificate {
     }
 }
 
-fn read(path: &Path) -> Result<Vec<u8>, String> {
-    std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))
+/// Why the metrics certificate cannot be served.
+#[derive(Debug, thiserror::Error)]
+pub enum CertificateError {
+    #[error("cannot read {}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the metrics certificate {} and key {}: {reason}", cert.display(), key.display())]
+    Unusable {
+        cert: PathBuf,
+        key: PathBuf,
+        reason: String,
+    },
+    #[error("the self-signed metrics certificate: {0}")]
+    SelfSigned(String),
+}
+
+fn read(path: &Path) -> Result<Vec<u8>, CertificateError> {
+    std::fs::read(path).map_err(|source| CertificateError::Read {
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
 /// A server configuration over kube's crypto provider (ring), HTTP/1.1 only.
@@ -153,7 +175,7 @@ mod tests {
             cert: cert.clone(),
             key: key.clone(),
         };
-        let error = Certificate::load(files()).err().unwrap();
+        let error = Certificate::load(files()).err().unwrap().to_string();
         assert!(
             error.starts_with(&format!("cannot read {}:", cert.display())),
             "{error}"
@@ -162,13 +184,13 @@ mod tests {
         let (good_cert, good_key) = self_signed().unwrap();
         std::fs::write(&cert, &good_cert).unwrap();
         std::fs::write(&key, "not a key").unwrap();
-        let error = Certificate::load(files()).err().unwrap();
+        let error = Certificate::load(files()).err().unwrap().to_string();
         assert!(error.contains("not a PEM private key"), "{error}");
 
         // A key of another certificate.
         let (_, other_key) = self_signed().unwrap();
         std::fs::write(&key, &other_key).unwrap();
-        let error = Certificate::load(files()).err().unwrap();
+        let error = Certificate::load(files()).err().unwrap().to_string();
         assert!(
             error.contains("the key does not fit the certificate"),
             "{error}"

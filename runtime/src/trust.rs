@@ -7,18 +7,23 @@ use rustls::pki_types::CertificateDer;
 /// plus the system's store when there is one, or the files `SSL_CERT_FILE` / `SSL_CERT_DIR` name
 /// (a private CA mounted into the pod). Without those variables a missing store is normal; a
 /// file they name must be readable.
-pub fn default_roots() -> Result<Vec<CertificateDer<'static>>, String> {
+pub fn default_roots() -> Result<Vec<CertificateDer<'static>>, RootsError> {
     let mut roots = webpki_root_certs::TLS_SERVER_ROOT_CERTS.to_vec();
     let system = rustls_native_certs::load_native_certs();
     let named = ["SSL_CERT_FILE", "SSL_CERT_DIR"]
         .iter()
         .any(|name| std::env::var_os(name).is_some());
     if let (true, Some(error)) = (named, system.errors.first()) {
-        return Err(format!("SSL_CERT_FILE / SSL_CERT_DIR: {error}"));
+        return Err(RootsError(error.to_string()));
     }
     roots.extend(system.certs);
     Ok(roots)
 }
+
+/// A CA file or folder that `SSL_CERT_FILE` / `SSL_CERT_DIR` name cannot be read.
+#[derive(Debug, thiserror::Error)]
+#[error("SSL_CERT_FILE / SSL_CERT_DIR: {0}")]
+pub struct RootsError(String);
 
 #[cfg(test)]
 mod tests {

@@ -127,7 +127,7 @@ impl Args {
     }
 
     /// The election settings, or None with `--leader-elect=false`. Checked before connecting.
-    pub fn election(&self) -> Result<Option<leader::Config>, String> {
+    pub fn election(&self) -> Result<Option<leader::Config>, leader::ConfigError> {
         if !self.leader_elect {
             return Ok(None);
         }
@@ -152,12 +152,9 @@ impl Args {
 
     /// Where the metrics certificate comes from; None with `--metrics-secure=false` (plain HTTP).
     /// Checked before connecting.
-    pub fn metrics_tls(&self) -> Result<Option<tls::Source>, String> {
+    pub fn metrics_tls(&self) -> Result<Option<tls::Source>, super::Error> {
         match (&self.metrics_cert_dir, self.metrics_secure) {
-            (Some(_), false) => Err(
-                "--metrics-cert-dir needs --metrics-secure=true (plain HTTP takes no certificate)"
-                    .into(),
-            ),
+            (Some(_), false) => Err(super::Error::CertificateWithoutTls),
             (None, false) => Ok(None),
             (None, true) => Ok(Some(tls::Source::SelfSigned)),
             (Some(dir), true) => Ok(Some(tls::Source::Files {
@@ -167,7 +164,7 @@ impl Args {
         }
     }
 
-    pub(super) fn telemetry(&self) -> Result<telemetry::Settings, String> {
+    pub(super) fn telemetry(&self) -> Result<telemetry::Settings, telemetry::TelemetryError> {
         let filter = match &self.log_level {
             Some(level) => level.clone(),
             None => std::env::var("RUST_LOG")

@@ -12,12 +12,12 @@ pub use gauges::{register_at_gauges, register_cdncluster_gauges};
 use crate::events::Events;
 use crate::runtime::access::Access;
 use crate::runtime::http::{self, Health};
-use crate::runtime::leader::Elector;
 use crate::runtime::leader::Leadership;
+use crate::runtime::leader::{self, Elector};
 use crate::runtime::metrics::Metrics;
 use crate::runtime::shutdown::{self, Shutdown};
 use crate::runtime::telemetry::{self, Telemetry};
-use crate::runtime::tls::Certificate;
+use crate::runtime::tls::{self, Certificate};
 use crate::{at, cdncluster};
 use glue::Glue;
 use std::process::ExitCode;
@@ -35,7 +35,7 @@ pub fn main(args: Args) -> ExitCode {
         .build()
     {
         Ok(rt) => rt,
-        Err(error) => return crate::fail(&format!("cannot start the async runtime: {error}")),
+        Err(error) => return crate::fail(&Error::AsyncRuntime(error).to_string()),
     };
     let result = runtime.block_on(async {
         let telemetry = telemetry::init(&args.telemetry()?)?;
@@ -47,7 +47,7 @@ pub fn main(args: Args) -> ExitCode {
     runtime.shutdown_timeout(Duration::from_secs(1));
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(error) => crate::fail(&error),
+        Err(error) => crate::fail(&error.to_string()),
     }
 }
 
@@ -55,12 +55,45 @@ async fn telemetry_shutdown(telemetry: Telemetry) {
     telemetry.shutdown(Duration::from_secs(5)).await;
 }
 
+/// Why the operator stopped, or could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot start the async runtime: {0}")]
+    AsyncRuntime(#[source] std::io::Error),
+    #[error(transparent)]
+    Telemetry(#[from] telemetry::TelemetryError),
+    #[error(transparent)]
+    Election(#[from] leader::ConfigError),
+    #[error("cannot handle signals: {0}")]
+    Signals(#[source] std::io::Error),
+    #[error(transparent)]
+    Bind(#[from] http::BindError),
+    #[error("--metrics-cert-dir needs --metrics-secure=true (plain HTTP takes no certificate)")]
+    CertificateWithoutTls,
+    #[error(transparent)]
+    Certificate(#[from] tls::CertificateError),
+    #[error("cannot configure a Kubernetes client: {0}")]
+    Client(#[from] crate::client::ConnectError),
+    #[error("cannot reach the Kubernetes API server: {0}")]
+    Unreachable(#[source] kube::Error),
+    #[error("cannot serve {endpoints}: {source}")]
+    Serve {
+        endpoints: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{0}; exiting so a fresh process rejoins the election")]
+    LostLeadership(#[source] leader::Lost),
+    #[error("the controllers stopped unexpectedly")]
+    ControllersStopped,
+}
+
 /// The operator's life: serve probes and metrics, connect, campaign, run the controllers, and
 /// on SIGTERM/SIGINT drain them, release the lease and return Ok.
-pub async fn run(args: Args) -> Result<(), String> {
+pub async fn run(args: Args) -> Result<(), Error> {
     let election = args.election()?;
     let shutdown = Shutdown::new();
-    shutdown::on_signals(&shutdown).map_err(|e| format!("cannot handle signals: {e}"))?;
+    shutdown::on_signals(&shutdown).map_err(Error::Signals)?;
     // Bound before connecting: a busy port is a configuration error worth failing on at once.
     let probe_listener =
         http::bind("health-probe-bind-address", &args.health_probe_bind_address).await?;
@@ -92,7 +125,7 @@ pub async fn run(args: Args) -> Result<(), String> {
         if let Some(listener) = listener {
             let address = listener
                 .local_addr()
-                .map_err(|e| format!("cannot serve {endpoints}: {e}"))?;
+                .map_err(|source| Error::Serve { endpoints, source })?;
             let scheme = if tls.is_some() { "HTTPS" } else { "HTTP" };
             tracing::info!(%address, endpoints, "serving {scheme}");
             let stop = servers_stop.clone().cancelled_owned();
@@ -193,13 +226,13 @@ pub async fn run(args: Args) -> Result<(), String> {
     let stopped = tokio::select! {
         result = campaign => {
             // Ok only once shutdown is requested; a loss has already stopped the reconciles.
-            result.map_err(|lost| format!("{lost}; exiting so a fresh process rejoins the election"))?;
+            result.map_err(Error::LostLeadership)?;
             false
         }
         _ = &mut controllers.0 => {
             // On a signal, idle controllers may stop before the election loop notices.
             if !shutdown.is_cancelled() {
-                return Err("the controllers stopped unexpectedly".into());
+                return Err(Error::ControllersStopped);
             }
             true
         }
@@ -229,14 +262,12 @@ pub async fn run(args: Args) -> Result<(), String> {
 }
 
 /// A client, checked by one request so an unreachable API server fails at start.
-async fn connect() -> Result<kube::Client, String> {
-    let client = crate::client::connect()
-        .await
-        .map_err(|e| format!("cannot configure a Kubernetes client: {e}"))?;
+async fn connect() -> Result<kube::Client, Error> {
+    let client = crate::client::connect().await?;
     let version = client
         .apiserver_version()
         .await
-        .map_err(|e| format!("cannot reach the Kubernetes API server: {e}"))?;
+        .map_err(Error::Unreachable)?;
     tracing::info!(version = %version.git_version, "connected to the Kubernetes API server");
     Ok(client)
 }
