@@ -1,6 +1,8 @@
 //! The Kubernetes client: from KUBECONFIG or the in-cluster config, identified as the operator.
 
+use crate::runtime::client_metrics::CountRequests;
 use http::header::{HeaderValue, USER_AGENT};
+use kube::client::ClientBuilder;
 use kube::{Client, Config};
 
 /// The product in the User-Agent of every request, so API server audit logs and metrics name the
@@ -30,8 +32,9 @@ pub enum ConnectError {
     Client(#[source] kube::Error),
 }
 
-/// A client for the cluster of `KUBECONFIG` (or `~/.kube/config`), or the in-cluster config.
-pub async fn connect() -> Result<Client, ConnectError> {
+/// A client for the cluster of `KUBECONFIG` (or `~/.kube/config`), or the in-cluster config;
+/// its requests counted by `counted` when given (`rest_client_requests_total`).
+pub async fn connect(counted: Option<&CountRequests>) -> Result<Client, ConnectError> {
     // kube is built with ring, but another crate in the graph (in test builds, the fake
     // client's jsonschema) may enable aws-lc-rs too; rustls then refuses to pick one and
     // panics. Choose explicitly; an Err means a provider is already installed, which is fine.
@@ -41,7 +44,11 @@ pub async fn connect() -> Result<Client, ConnectError> {
         .map_err(|e| ConnectError::Config(kube::Error::InferConfig(e)))?;
     identify(&mut config);
     trust_default_roots(&mut config)?;
-    Client::try_from(config).map_err(ConnectError::Client)
+    let builder = ClientBuilder::try_from(config).map_err(ConnectError::Client)?;
+    Ok(match counted {
+        Some(layer) => builder.with_layer(layer).build(),
+        None => builder.build(),
+    })
 }
 
 /// A kubeconfig that names no CA (the in-cluster config always does): kube would ask the

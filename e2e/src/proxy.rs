@@ -168,36 +168,10 @@ impl Drop for Proxy {
     }
 }
 
-/// The audit-style key of a request: "verb resource[/subresource]".
+/// The audit-style key of a request: "verb resource[/subresource]", as the operator's
+/// `rest_client_requests_total` names it.
 pub fn classify(method: &http::Method, path: &str, query: Option<&str>) -> String {
-    let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
-    // /api/v1/... or /apis/<group>/<version>/...
-    let rest: &[&str] = match segments.as_slice() {
-        ["api", _version, rest @ ..] => rest,
-        ["apis", _group, _version, rest @ ..] => rest,
-        _ => return format!("{} {}", method.as_str().to_lowercase(), path),
-    };
-    let rest = match rest {
-        ["namespaces", _ns, tail @ ..] if !tail.is_empty() => tail,
-        other => other,
-    };
-    let (resource, named) = match rest {
-        [resource] => (resource.to_string(), false),
-        [resource, _name] => (resource.to_string(), true),
-        [resource, _name, sub, ..] => (format!("{resource}/{sub}"), true),
-        [] => ("namespaces".into(), false),
-    };
-    let watch = query.is_some_and(|q| q.split('&').any(|p| p == "watch=true" || p == "watch=1"));
-    let verb = match *method {
-        http::Method::GET if watch => "watch",
-        http::Method::GET if named => "get",
-        http::Method::GET => "list",
-        http::Method::POST => "create",
-        http::Method::PATCH => "patch",
-        http::Method::PUT => "update",
-        http::Method::DELETE => "delete",
-        _ => "other",
-    };
+    let (verb, resource) = cdn_operator::runtime::client_metrics::classify(method, path, query);
     format!("{verb} {resource}")
 }
 
@@ -272,59 +246,6 @@ fn failure(code: StatusCode, message: String) -> Response<Body> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use http::Method;
-
-    #[test]
-    fn requests_are_named_as_audit_logs_name_them() {
-        let cases = [
-            (
-                Method::GET,
-                "/api/v1/configmaps",
-                Some("labelSelector=x"),
-                "list configmaps",
-            ),
-            (
-                Method::GET,
-                "/api/v1/configmaps",
-                Some("watch=true&resourceVersion=1"),
-                "watch configmaps",
-            ),
-            (
-                Method::PATCH,
-                "/api/v1/namespaces/a/configmaps/b-nginx",
-                Some("fieldManager=cdn-operator&force=true"),
-                "patch configmaps",
-            ),
-            (
-                Method::PATCH,
-                "/apis/cluster.anevia.com/v1/namespaces/a/cdnclusters/b/status",
-                None,
-                "patch cdnclusters/status",
-            ),
-            (
-                Method::POST,
-                "/apis/events.k8s.io/v1/namespaces/a/events",
-                None,
-                "create events",
-            ),
-            (
-                Method::GET,
-                "/apis/coordination.k8s.io/v1/namespaces/a/leases/l",
-                None,
-                "get leases",
-            ),
-            (
-                Method::PUT,
-                "/api/v1/namespaces/a",
-                None,
-                "update namespaces",
-            ),
-            (Method::GET, "/version", None, "get /version"),
-        ];
-        for (method, path, query, want) in cases {
-            assert_eq!(classify(&method, path, query), want, "{method} {path}");
-        }
-    }
 
     #[test]
     fn the_first_write_to_a_path_is_the_first_forwarded_since_the_mark() {

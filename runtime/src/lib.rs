@@ -4,6 +4,7 @@
 //! of the operator, whose `run` module glues the two.
 
 pub mod access;
+pub mod client_metrics;
 pub mod http;
 pub mod instrument;
 pub mod leader;

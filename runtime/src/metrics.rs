@@ -79,6 +79,7 @@ pub struct Metrics {
     max_concurrent: Family<ControllerLabels, Gauge>,
     active_workers: Family<ControllerLabels, Gauge>,
     leader_status: Family<NameLabels, Gauge>,
+    rest_client_requests: crate::client_metrics::Requests,
 }
 
 impl Metrics {
@@ -123,6 +124,12 @@ impl Metrics {
             "Gauge of if the reporting system is master of the relevant lease, 0 indicates backup, 1 indicates master. 'name' is the string used to identify the lease.",
             leader_status.clone(),
         );
+        let rest_client_requests = crate::client_metrics::Requests::default();
+        registry.register(
+            "rest_client_requests",
+            "Number of HTTP requests to the API server, by verb, resource and status code",
+            rest_client_requests.clone(),
+        );
         registry.register_collector(Box::new(crate::process::ProcessCollector));
         Arc::new(Metrics {
             registry: RwLock::new(registry),
@@ -132,7 +139,16 @@ impl Metrics {
             max_concurrent,
             active_workers,
             leader_status,
+            rest_client_requests,
         })
+    }
+
+    /// The layer that counts a client's requests in `rest_client_requests_total` (see
+    /// [`crate::client_metrics`]).
+    pub fn count_requests(&self) -> crate::client_metrics::CountRequests {
+        crate::client_metrics::CountRequests {
+            requests: self.rest_client_requests.clone(),
+        }
     }
 
     /// The metrics of one controller. Every series exists from the start, at zero, so rates and

@@ -580,7 +580,7 @@ fn from_cluster(args: &Args) -> Result<Topology, String> {
         .build()
         .map_err(|e| format!("cannot start the async runtime: {e}"))?;
     runtime.block_on(async {
-        let client = crate::client::connect()
+        let client = crate::client::connect(None)
             .await
             .map_err(|e| format!("cannot reach the cluster: {e}"))?;
         let namespace = match (&args.namespace, args.all_namespaces) {

@@ -104,12 +104,12 @@ pub async fn run(args: Args) -> Result<(), Error> {
         _ => None,
     };
 
+    let metrics = Metrics::new();
     let client = tokio::select! {
-        client = connect() => client?,
+        client = connect(&metrics) => client?,
         _ = shutdown.clone().cancelled_owned() => return Ok(()),
     };
 
-    let metrics = Metrics::new();
     let health = Health::default();
     let servers_stop = Shutdown::new();
     // The probes stay plain and open (the kubelet probes them); /metrics is HTTPS behind the API
@@ -262,8 +262,9 @@ pub async fn run(args: Args) -> Result<(), Error> {
 }
 
 /// A client, checked by one request so an unreachable API server fails at start.
-async fn connect() -> Result<kube::Client, Error> {
-    let client = crate::client::connect().await?;
+/// Its requests are counted in `metrics`.
+async fn connect(metrics: &Metrics) -> Result<kube::Client, Error> {
+    let client = crate::client::connect(Some(&metrics.count_requests())).await?;
     let version = client
         .apiserver_version()
         .await
