@@ -77,6 +77,17 @@ pub enum Error {
 }
 
 impl Error {
+    /// The error of a refused write of the child `K` named `name`, for `map_err`.
+    pub fn apply_child<K: kube::Resource<DynamicType = ()>>(
+        name: String,
+    ) -> impl FnOnce(kube::Error) -> Error {
+        move |source| Error::ApplyChild {
+            kind: K::kind(&()).to_string(),
+            name,
+            source,
+        }
+    }
+
     /// The failed request's error.
     fn source_error(&self) -> &kube::Error {
         match self {

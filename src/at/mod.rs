@@ -236,11 +236,7 @@ pub async fn reconcile(at: Arc<At>, ctx: Arc<Context>) -> Result<Action, Error> 
             let pod_name = pod.name_any();
             apply::apply_always(&pods, pod)
                 .await
-                .map_err(|source| Error::ApplyChild {
-                    kind: "Pod".into(),
-                    name: pod_name,
-                    source,
-                })?;
+                .map_err(Error::apply_child::<Pod>(pod_name))?;
         }
         (PodAction::Release, Some(pod)) => release(&pods, &pod).await?,
         _ => {}

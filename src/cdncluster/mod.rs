@@ -428,11 +428,7 @@ async fn apply_service(
     let api: Api<Service> = Api::namespaced(ctx.shared.client.clone(), namespace);
     apply::delete_at(&api, &name, &old.version)
         .await
-        .map_err(|source| Error::ApplyChild {
-            kind: Service::kind(&()).to_string(),
-            name,
-            source,
-        })?;
+        .map_err(Error::apply_child::<Service>(name))?;
     apply_over(ctx, namespace, None, desired).await
 }
 
@@ -449,6 +445,25 @@ fn applied_headless(observed: &Record) -> bool {
 /// answer (what the cache reads of it) if a request was sent.
 type ChildApplied<K> = (Option<Record>, Option<(Change, Compact<K>)>);
 
+/// A kind of child: namespaced, applied as JSON, read back.
+trait Child:
+    Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+    + Clone
+    + Serialize
+    + DeserializeOwned
+    + Debug
+{
+}
+
+impl<K> Child for K where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + Serialize
+        + DeserializeOwned
+        + Debug
+{
+}
+
 /// Applies one child if needed.
 async fn apply_child<K>(
     ctx: &Context,
@@ -457,11 +472,7 @@ async fn apply_child<K>(
     desired: K,
 ) -> Result<ChildApplied<K>, Error>
 where
-    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
-        + Clone
-        + Serialize
-        + DeserializeOwned
-        + Debug,
+    K: Child,
 {
     let observed = cache.get(namespace, &desired.name_any());
     apply_over(ctx, namespace, observed, desired).await
@@ -475,21 +486,13 @@ async fn apply_over<K>(
     desired: K,
 ) -> Result<ChildApplied<K>, Error>
 where
-    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
-        + Clone
-        + Serialize
-        + DeserializeOwned
-        + Debug,
+    K: Child,
 {
     let name = desired.name_any();
     let api: Api<Compact<K>> = Api::namespaced(ctx.shared.client.clone(), namespace);
     let applied = apply::apply(&api, desired, observed.as_ref())
         .await
-        .map_err(|source| Error::ApplyChild {
-            kind: K::kind(&()).to_string(),
-            name,
-            source,
-        })?;
+        .map_err(Error::apply_child::<K>(name))?;
     Ok((observed, applied))
 }
 
