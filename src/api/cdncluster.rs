@@ -177,7 +177,8 @@ pub struct Source {
     pub origin: Option<Origin>,
 
     /// The source's share of its pool (the sources with the same `pathCondition`): a member of
-    /// weight 2 receives about twice the URIs of a member of weight 1. Default 1.
+    /// weight 2 receives about twice the URIs of a member of weight 1. A CdnCluster's ready pods
+    /// each have this share, so its replicas add capacity. Default 1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 100))]
     pub weight: Option<i32>,
