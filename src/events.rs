@@ -142,8 +142,7 @@ impl Events {
         K: Resource<DynamicType = ()>,
     {
         let reason = notice.reason;
-        let regarding = obj.object_ref(&());
-        match self.send(&regarding, notice).await {
+        match self.send(&obj.object_ref(&()), notice).await {
             Ok(()) => {}
             // The namespace is being deleted, and the object with it.
             Err(error) if crate::reconcile::is_namespace_terminating(&error) => {
@@ -151,12 +150,7 @@ impl Events {
             }
             Err(error) => {
                 let error = crate::reconcile::describe(&error);
-                let object = format!(
-                    "{} {}/{}",
-                    regarding.kind.as_deref().unwrap_or_default(),
-                    regarding.namespace.as_deref().unwrap_or_default(),
-                    regarding.name.as_deref().unwrap_or_default()
-                );
+                let object = crate::reconcile::key(obj);
                 tracing::warn!(%object, reason, %error, "could not publish an Event; the reconcile goes on");
             }
         }

@@ -874,26 +874,11 @@ fn the_pods_of_a_cache_cluster_form_one_ring() {
         .position(|(n, _)| n == "cache-a")
         .unwrap();
     drop(world.running.remove(stopped));
-    // As the cluster DNS names the ready pods of a headless Service: by their dashed address.
-    let dns_name = |pod: &str| {
-        format!(
-            "{}.cache-a.default.svc.cluster.local",
-            ip(world.net, pod).replace('.', "-")
-        )
-    };
-    let members = |ready: &[&str]| -> Vec<(String, String)> {
-        ready
-            .iter()
-            .map(|pod| (dns_name(pod), ip(world.net, pod)))
-            .collect()
-    };
+    // Its headless Service names the ready pods, as the cluster DNS does.
     let publish = |world: &World, ready: &[&str]| {
-        let members = members(ready);
-        let pairs: Vec<(&str, &str)> = members
-            .iter()
-            .map(|(n, a)| (n.as_str(), a.as_str()))
-            .collect();
-        world.names.members(&service_name("cache-a"), &pairs);
+        let ips: Vec<String> = ready.iter().map(|pod| ip(world.net, pod)).collect();
+        let ips: Vec<&str> = ips.iter().map(String::as_str).collect();
+        world.names.members(&service_name("cache-a"), &ips);
     };
     // Which pods the edge sends 60 probes (paths no object has) to.
     let probed = |world: &World| -> BTreeSet<String> {

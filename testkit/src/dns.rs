@@ -94,6 +94,32 @@ impl Dns {
             .insert(key(name), targets);
     }
 
+    /// Publishes the Service `name` (fully qualified) with an address of its own, `ip`, as the
+    /// cluster DNS does: its name, and one SRV record of its port `port_name` (80) naming it.
+    pub fn publish_service(&self, name: &str, port_name: &str, ip: Ipv4Addr) {
+        self.set(name, &[ip]);
+        self.set_srv(&format!("_{port_name}._tcp.{name}"), &[(100, 80, name)]);
+    }
+
+    /// Publishes the headless Service `name` (fully qualified) with the ready pods at `pods`, as
+    /// the cluster DNS does: each pod named by its dashed address under the Service, an SRV
+    /// record of the port `port_name` (80) per pod (CoreDNS's weight, 100/N), and the Service's
+    /// name with every pod's address.
+    pub fn publish_headless(&self, name: &str, port_name: &str, pods: &[Ipv4Addr]) {
+        let named: Vec<String> = pods
+            .iter()
+            .map(|ip| format!("{}.{name}", ip.to_string().replace('.', "-")))
+            .collect();
+        for (pod, ip) in named.iter().zip(pods) {
+            self.set(pod, &[*ip]);
+        }
+        self.set(name, pods);
+        let weight = 100 / pods.len().max(1) as u16;
+        let targets: Vec<(u16, u16, &str)> =
+            named.iter().map(|pod| (weight, 80, pod.as_str())).collect();
+        self.set_srv(&format!("_{port_name}._tcp.{name}"), &targets);
+    }
+
     /// `name` is no longer known, for any type: NXDOMAIN.
     pub fn remove(&self, name: &str) {
         let mut records = self.records.lock().unwrap();
@@ -291,5 +317,44 @@ mod tests {
         assert_eq!(ask(&dns, service, TYPE::SRV).1, Vec::<String>::new());
         dns.remove(service);
         assert_eq!(ask(&dns, service, TYPE::SRV).0, RCODE::NameError);
+
+        // A headless Service of two ready pods, as CoreDNS publishes it.
+        let name = "cache-b.default.svc.cluster.local";
+        let (a, b) = (Ipv4Addr::new(127, 0, 0, 41), Ipv4Addr::new(127, 0, 0, 42));
+        dns.publish_headless(name, "http", &[a, b]);
+        assert_eq!(
+            ask(
+                &dns,
+                "_http._tcp.cache-b.default.svc.cluster.local",
+                TYPE::SRV
+            )
+            .1,
+            [
+                "50 80 127-0-0-41.cache-b.default.svc.cluster.local",
+                "50 80 127-0-0-42.cache-b.default.svc.cluster.local"
+            ]
+        );
+        assert_eq!(
+            ask(
+                &dns,
+                "127-0-0-42.cache-b.default.svc.cluster.local",
+                TYPE::A
+            )
+            .1,
+            ["127.0.0.42"]
+        );
+        assert_eq!(ask(&dns, name, TYPE::A).1, ["127.0.0.41", "127.0.0.42"]);
+        // One with an address: its SRV record names the Service itself.
+        dns.publish_service(name, "http", a);
+        assert_eq!(
+            ask(
+                &dns,
+                "_http._tcp.cache-b.default.svc.cluster.local",
+                TYPE::SRV
+            )
+            .1,
+            ["100 80 cache-b.default.svc.cluster.local"]
+        );
+        assert_eq!(ask(&dns, name, TYPE::A).1, ["127.0.0.41"]);
     }
 }

@@ -10,6 +10,7 @@
 use cdn_operator::api::CdnCluster;
 use cdn_operator::at::Clock;
 use cdn_operator::cache::CachesReady;
+use cdn_operator::cdncluster::nginx::SERVICE_PORT_NAME;
 use cdn_operator::cdncluster::settled::Settled;
 use cdn_operator::cdncluster::Context;
 use cdn_operator::compact::{Compact, Records};
@@ -474,27 +475,18 @@ impl Names {
         let mut text = String::from("127.0.0.1 localhost\n::1 localhost\n");
         for (name, ip) in names {
             text.push_str(&format!("{ip} {name}\n"));
-            dns.set(name, &[ip.parse().unwrap()]);
-            dns.set_srv(&srv_name(name), &[(100, 80, name)]);
+            dns.publish_service(name, SERVICE_PORT_NAME, ip.parse().unwrap());
         }
         let hosts = dir.join("hosts");
         std::fs::write(&hosts, text).unwrap();
         Names { dns, hosts }
     }
 
-    /// The Service `service` is now headless with the ready pods `pods` (name, address), as the
-    /// cluster DNS publishes them: an SRV record of its `http` port per pod (weight 100/N, port
-    /// 80), each pod's name with its address, and the Service's name with all of them.
-    pub fn members(&self, service: &str, pods: &[(&str, &str)]) {
-        let weight = 100 / pods.len().max(1) as u16;
-        for (pod, ip) in pods {
-            self.dns.set(pod, &[ip.parse().unwrap()]);
-        }
-        let all: Vec<std::net::Ipv4Addr> = pods.iter().map(|(_, ip)| ip.parse().unwrap()).collect();
-        self.dns.set(service, &all);
-        let targets: Vec<(u16, u16, &str)> =
-            pods.iter().map(|(pod, _)| (weight, 80, *pod)).collect();
-        self.dns.set_srv(&srv_name(service), &targets);
+    /// The Service `service` is now headless with the ready pods at `pods`
+    /// ([`cdn_operator_testkit::Dns::publish_headless`]).
+    pub fn members(&self, service: &str, pods: &[&str]) {
+        let pods: Vec<std::net::Ipv4Addr> = pods.iter().map(|ip| ip.parse().unwrap()).collect();
+        self.dns.publish_headless(service, SERVICE_PORT_NAME, &pods);
     }
 
     /// Writes the resolver an nginx with its temp files in `temp_dir` includes: what the pod's
@@ -538,14 +530,6 @@ impl Names {
             cdn_operator::cdncluster::nginx::RESOLVER_VALID
         )
     }
-}
-
-/// The name of the SRV records of `service`'s port `http`.
-pub fn srv_name(service: &str) -> String {
-    format!(
-        "_{}._tcp.{service}",
-        cdn_operator::cdncluster::nginx::SERVICE_PORT_NAME
-    )
 }
 
 /// Waits until the nginx at `addr` has looked its sources up. nginx asks the DNS server once it

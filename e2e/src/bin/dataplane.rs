@@ -72,7 +72,7 @@
 //! dies).
 
 use cdn_operator::cdncluster::build::{self, CONFIG_KEY, ENTRYPOINT_KEY};
-use cdn_operator::cdncluster::nginx::{CACHE_STATUS_HEADER, UPSTREAM_HEADER};
+use cdn_operator::cdncluster::nginx::{CACHE_STATUS_HEADER, SERVICE_PORT_NAME, UPSTREAM_HEADER};
 use cdn_operator_e2e::operator_binary;
 use cdn_operator_testkit::nginx::{self, Nginx, Sandbox};
 use cdn_operator_testkit::Dns;
@@ -82,7 +82,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{self, BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
@@ -1849,31 +1849,17 @@ fn cluster_dns(dir: &Path) -> (Dns, PathBuf) {
 }
 
 /// Publishes the Service `service` of the namespace `default` with the ready pods at `ips`, as
-/// the cluster DNS does: its name with the pods' addresses when headless (else its own address,
-/// `ips[0]`), and the SRV records of its port `http` (80): one per pod, named by its dashed
-/// address under the Service, when headless; one naming the Service otherwise.
+/// the cluster DNS does: headless (a cache's) or with an address of its own (`ips[0]`).
 fn publish(dns: &Dns, service: &str, headless: bool, ips: &[&str]) {
     let name = format!("{service}.default.svc.cluster.local");
-    let srv = format!("_http._tcp.{name}");
-    let address = |ip: &str| ip.parse().expect("an IPv4 address");
+    let ips: Vec<Ipv4Addr> = ips
+        .iter()
+        .map(|ip| ip.parse().expect("an IPv4 address"))
+        .collect();
     if headless {
-        let pods: Vec<(String, &str)> = ips
-            .iter()
-            .map(|ip| (format!("{}.{name}", ip.replace('.', "-")), *ip))
-            .collect();
-        for (pod, ip) in &pods {
-            dns.set(pod, &[address(ip)]);
-        }
-        dns.set(&name, &ips.iter().map(|ip| address(ip)).collect::<Vec<_>>());
-        let weight = 100 / pods.len().max(1) as u16;
-        let targets: Vec<(u16, u16, &str)> = pods
-            .iter()
-            .map(|(pod, _)| (weight, 80, pod.as_str()))
-            .collect();
-        dns.set_srv(&srv, &targets);
+        dns.publish_headless(&name, SERVICE_PORT_NAME, &ips);
     } else {
-        dns.set(&name, &[address(ips[0])]);
-        dns.set_srv(&srv, &[(100, 80, &name)]);
+        dns.publish_service(&name, SERVICE_PORT_NAME, ips[0]);
     }
 }
 
