@@ -17,10 +17,10 @@
 //! Under `cargo test` (no `--bench` argument) it runs a small size, as a check of the invariants.
 
 use cdn_operator::api::{CdnCluster, CdnClusterSpec, Role, Source};
-use cdn_operator::cache;
 use cdn_operator::cdncluster::{self, Context};
-use cdn_operator::compact::{Compact, Records};
-use cdn_operator::events::Events;
+use cdn_operator::kubernetes::cache;
+use cdn_operator::kubernetes::compact::{Compact, Records};
+use cdn_operator::kubernetes::events::Events;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use kube::api::{Api, PostParams};

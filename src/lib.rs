@@ -2,18 +2,11 @@
 //! commands (At).
 
 pub mod api;
-pub mod apply;
 pub mod at;
-pub mod cache;
 pub mod cdncluster;
 pub mod cli;
-pub mod client;
-pub mod compact;
-pub mod conditions;
-pub mod events;
-pub mod fields;
+pub mod kubernetes;
 pub mod reconcile;
-pub mod restricted;
 pub mod run;
 
 /// The runtime around the controllers, a crate of its own (runtime/) that knows no custom

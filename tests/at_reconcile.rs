@@ -7,8 +7,8 @@
 
 use cdn_operator::api::{At, AtSpec, Outcome, Phase};
 use cdn_operator::at::{self, build, status, Clock, Context};
-use cdn_operator::cache::CachesReady;
-use cdn_operator::events::Events;
+use cdn_operator::kubernetes::cache::CachesReady;
+use cdn_operator::kubernetes::events::Events;
 use cdn_operator::reconcile::{self, Shared};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -229,7 +229,7 @@ fn finished(phase: &str, exit_code: i32) -> Value {
 
 fn ready_reason(at: &At) -> String {
     let conditions = &at.status.as_ref().unwrap().conditions;
-    cdn_operator::conditions::find(conditions, status::READY)
+    cdn_operator::reconcile::conditions::find(conditions, status::READY)
         .unwrap()
         .reason
         .to_string()
@@ -338,7 +338,10 @@ async fn the_seed_example_runs_at_once() {
         .into_iter()
         .flat_map(|a| a.keys())
         .collect();
-    assert_eq!(keys, [cdn_operator::apply::APPLIED_HASH_ANNOTATION]);
+    assert_eq!(
+        keys,
+        [cdn_operator::kubernetes::apply::APPLIED_HASH_ANNOTATION]
+    );
     assert_eq!(created, serde_json::to_value(&rendered.pods[0]).unwrap());
 }
 
@@ -593,7 +596,8 @@ async fn a_bad_schedule_is_a_condition_and_one_event_then_waits_for_a_change() {
     let at = h.at("bad").await;
     let status = at.status.clone().unwrap();
     assert_eq!(status.phase, Some(Phase::Pending));
-    let scheduled = cdn_operator::conditions::find(&status.conditions, status::SCHEDULED).unwrap();
+    let scheduled =
+        cdn_operator::reconcile::conditions::find(&status.conditions, status::SCHEDULED).unwrap();
     assert_eq!(scheduled.status, "False");
     assert_eq!(scheduled.reason, "InvalidSchedule");
     assert!(

@@ -8,7 +8,7 @@ use cdn_operator::api::{CdnCluster, CdnClusterSpec, Role, Source, State};
 use cdn_operator::cdncluster::parents::Parents;
 use cdn_operator::cdncluster::settled::Settled;
 use cdn_operator::cdncluster::{self, build, Context};
-use cdn_operator::events::{Events, Notice};
+use cdn_operator::kubernetes::events::{Events, Notice};
 use cdn_operator::reconcile;
 use cdn_operator::runtime::instrument::Reconciles;
 use cdn_operator::runtime::leader::Leadership;
@@ -248,7 +248,7 @@ async fn writes_are_server_side_applies_and_status_goes_through_the_subresource(
     let d = c.deployment("foo").await.unwrap();
     assert!(d
         .annotations()
-        .contains_key(cdn_operator::apply::APPLIED_HASH_ANNOTATION));
+        .contains_key(cdn_operator::kubernetes::apply::APPLIED_HASH_ANNOTATION));
 }
 
 #[tokio::test]
@@ -390,10 +390,12 @@ async fn foo3_waits_for_asource_then_deploys() {
     );
     assert_eq!(c.events("foo3").await, std::slice::from_ref(&waiting));
     let cluster = c.get_cluster("foo3").await;
-    let sources_ready =
-        cdn_operator::conditions::find(&cluster.status.unwrap().conditions, "SourcesReady")
-            .cloned()
-            .unwrap();
+    let sources_ready = cdn_operator::reconcile::conditions::find(
+        &cluster.status.unwrap().conditions,
+        "SourcesReady",
+    )
+    .cloned()
+    .unwrap();
     assert_eq!(
         (sources_ready.status.as_str(), sources_ready.reason.as_str()),
         ("False", "SourceNotFound")
@@ -521,7 +523,7 @@ async fn the_cluster_becomes_running_when_its_replicas_are_ready() {
     let status = c.get_cluster("foo").await.status.unwrap();
     assert_eq!(status.state, Some(State::Running));
     assert_eq!(status.ready.as_deref(), Some("1/1"));
-    assert!(cdn_operator::conditions::is_true(
+    assert!(cdn_operator::reconcile::conditions::is_true(
         &status.conditions,
         "Ready"
     ));
@@ -587,7 +589,7 @@ async fn cycles_and_invalid_specs_are_reported_without_children_or_loops() {
         assert!(c.deployment(name).await.is_none(), "{name}: no children");
         assert_eq!(c.events(name).await, [note("InvalidSpec", message)]);
         let status = c.get_cluster(name).await.status.unwrap();
-        let stalled = cdn_operator::conditions::find(&status.conditions, "Stalled")
+        let stalled = cdn_operator::reconcile::conditions::find(&status.conditions, "Stalled")
             .cloned()
             .unwrap();
         assert_eq!(

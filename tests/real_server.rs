@@ -10,11 +10,11 @@
 //! headless cache Services made it (captured the same way), for the upgrade.
 
 use cdn_operator::api::{CdnCluster, State};
-use cdn_operator::apply::{self, Change};
 use cdn_operator::cdncluster::{self, build, sources};
-use cdn_operator::compact::Compact;
-use cdn_operator::events::Events;
-use cdn_operator::fields::Owned;
+use cdn_operator::kubernetes::apply::{self, Change};
+use cdn_operator::kubernetes::compact::Compact;
+use cdn_operator::kubernetes::events::Events;
+use cdn_operator::kubernetes::fields::Owned;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::FieldsV1;

@@ -6,11 +6,11 @@ mod golden;
 mod support;
 
 use cdn_operator::api::CdnCluster;
-use cdn_operator::apply::APPLIED_HASH_ANNOTATION;
 use cdn_operator::cdncluster::{self, status};
 use cdn_operator::cli::manifests::Manifests;
 use cdn_operator::cli::render::render;
-use cdn_operator::events::Events;
+use cdn_operator::kubernetes::apply::APPLIED_HASH_ANNOTATION;
+use cdn_operator::kubernetes::events::Events;
 use golden::{cdn_operator, check, input, path, seed_examples};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service};

@@ -71,7 +71,7 @@ pub async fn connect(what: &str) -> Option<Client> {
 /// waits until the API server serves them.
 pub async fn install_crds(client: &Client) {
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let params = PatchParams::apply(cdn_operator::apply::FIELD_MANAGER).force();
+    let params = PatchParams::apply(cdn_operator::kubernetes::apply::FIELD_MANAGER).force();
     for crd in cdn_operator::api::crds() {
         let name = crd.name_any();
         api.patch(&name, &params, &Patch::Apply(&crd))
@@ -345,7 +345,8 @@ impl Env {
         let events = self.api::<Event>().list(&ListParams::default()).await;
         let mut events = events.expect("listing Events").items;
         events.retain(|e| {
-            e.reporting_controller.as_deref() == Some(cdn_operator::events::EVENT_REPORTER)
+            e.reporting_controller.as_deref()
+                == Some(cdn_operator::kubernetes::events::EVENT_REPORTER)
         });
         events
     }

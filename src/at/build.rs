@@ -1,7 +1,7 @@
 //! The pod that runs an At's command: pure, from the At.
 
 use crate::api::At;
-use crate::restricted::RunAs;
+use crate::kubernetes::restricted::RunAs;
 use k8s_openapi::api::core::v1::{
     Container, EmptyDirVolumeSource, Pod, PodSpec, Volume, VolumeMount,
 };
@@ -64,7 +64,7 @@ pub fn pod(at: &At, run_as: &RunAs) -> Pod {
                 .unwrap_or_else(|| DEFAULT_IMAGE.into()),
         ),
         command: Some(vec!["/bin/sh".into(), "-c".into(), at.spec.command.clone()]),
-        security_context: Some(crate::restricted::container()),
+        security_context: Some(crate::kubernetes::restricted::container()),
         volume_mounts: Some(vec![VolumeMount {
             name: "tmp".into(),
             mount_path: "/tmp".into(),
@@ -88,7 +88,7 @@ pub fn pod(at: &At, run_as: &RunAs) -> Pod {
             host_network: Some(false),
             host_pid: Some(false),
             host_ipc: Some(false),
-            security_context: Some(crate::restricted::pod(run_as)),
+            security_context: Some(crate::kubernetes::restricted::pod(run_as)),
             containers: vec![container],
             volumes: Some(vec![Volume {
                 name: "tmp".into(),
@@ -239,7 +239,7 @@ mod tests {
             .unwrap()
             .security_context
             .unwrap();
-        assert_eq!(psc, crate::restricted::pod(&run_as));
+        assert_eq!(psc, crate::kubernetes::restricted::pod(&run_as));
         assert_eq!(psc.run_as_user, Some(1_000_680_000));
     }
 

@@ -25,11 +25,11 @@ pub mod schedule;
 pub mod status;
 
 use crate::api::At;
-use crate::apply;
-use crate::cache::{self, Arrivals, CachesReady, Relists, Scope};
-use crate::events::Events;
+use crate::kubernetes::apply;
+use crate::kubernetes::cache::{self, Arrivals, CachesReady, Relists, Scope};
+use crate::kubernetes::events::Events;
+use crate::kubernetes::restricted::RunAs;
 use crate::reconcile::{self, Error, Shared};
-use crate::restricted::RunAs;
 use crate::runtime::leader::Leadership;
 use futures::StreamExt;
 use jiff::Timestamp;

@@ -7,7 +7,7 @@
 use super::build::{self, held, pod_name, CONTAINER};
 use super::schedule;
 use crate::api::{At, AtStatus, Outcome, Phase};
-use crate::conditions::{find, set_condition, ConditionStatus};
+use crate::reconcile::conditions::{find, set_condition, ConditionStatus};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{ContainerStateTerminated, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -61,7 +61,7 @@ pub enum PodAction {
     Release,
 }
 
-pub use crate::events::Notice;
+pub use crate::kubernetes::events::Notice;
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct Plan {
@@ -454,7 +454,7 @@ mod tests {
         assert_eq!(plan.pod, PodAction::Nothing);
         assert_eq!(reasons(&plan), ["Scheduled"]);
         assert_eq!(plan.status.observed_generation, Some(1));
-        assert!(crate::conditions::is_true(
+        assert!(crate::reconcile::conditions::is_true(
             &plan.status.conditions,
             SCHEDULED
         ));
@@ -525,7 +525,10 @@ mod tests {
         );
         assert_eq!(plan.pod, PodAction::Release);
         assert_eq!(reasons(&plan), ["Succeeded"]);
-        assert!(crate::conditions::is_true(&plan.status.conditions, READY));
+        assert!(crate::reconcile::conditions::is_true(
+            &plan.status.conditions,
+            READY
+        ));
     }
 
     #[test]

@@ -6,7 +6,7 @@ use super::nginx::{
 };
 use super::sources::SERVICE_PORT;
 use crate::api::{CdnCluster, Role};
-use crate::restricted::RunAs;
+use crate::kubernetes::restricted::RunAs;
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{
     ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource,
@@ -378,7 +378,7 @@ fn deployment(cluster: &CdnCluster, run_as: &RunAs) -> Deployment {
         readiness_probe: Some(probe(0)),
         liveness_probe: Some(probe(5)),
         resources: Some(resources(cluster, cache_volume.as_ref())),
-        security_context: Some(crate::restricted::container()),
+        security_context: Some(crate::kubernetes::restricted::container()),
         volume_mounts: Some(mounts),
         ..Container::default()
     };
@@ -400,7 +400,7 @@ fn deployment(cluster: &CdnCluster, run_as: &RunAs) -> Deployment {
                 spec: Some(PodSpec {
                     automount_service_account_token: Some(false),
                     enable_service_links: Some(false),
-                    security_context: Some(crate::restricted::pod(run_as)),
+                    security_context: Some(crate::kubernetes::restricted::pod(run_as)),
                     containers: vec![container],
                     volumes: Some(volumes),
                     ..PodSpec::default()

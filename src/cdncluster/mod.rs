@@ -9,12 +9,12 @@ pub mod sources;
 pub mod status;
 
 use crate::api::CdnCluster;
-use crate::apply::{self, Change};
-use crate::cache::{self, Arrivals, CachesReady, Relists, Scope, Versions};
-use crate::compact::{Compact, Record, Records};
-use crate::events::Events;
+use crate::kubernetes::apply::{self, Change};
+use crate::kubernetes::cache::{self, Arrivals, CachesReady, Relists, Scope, Versions};
+use crate::kubernetes::compact::{Compact, Record, Records};
+use crate::kubernetes::events::Events;
+use crate::kubernetes::restricted::RunAs;
 use crate::reconcile::{self, Error, Shared};
-use crate::restricted::RunAs;
 use crate::runtime::leader::Leadership;
 use build::{Children, MANAGED_BY, MANAGED_BY_LABEL};
 use futures::future::BoxFuture;

@@ -1,7 +1,7 @@
 //! Which CdnClusters to reconcile again when one changes: those that list it as a source. Pure.
 
 use crate::api::CdnCluster;
-use crate::compact::Key;
+use crate::kubernetes::compact::Key;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher::Event;
 use kube::ResourceExt;

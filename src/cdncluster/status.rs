@@ -2,9 +2,9 @@
 
 use super::sources::Problem;
 use crate::api::{CdnCluster, CdnClusterStatus, State};
-pub use crate::apply::Change;
-use crate::conditions::{set_condition, ConditionStatus};
-pub use crate::events::Notice;
+pub use crate::kubernetes::apply::Change;
+pub use crate::kubernetes::events::Notice;
+use crate::reconcile::conditions::{set_condition, ConditionStatus};
 use crate::reconcile::Error;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::ObjectReference;
@@ -241,8 +241,8 @@ pub fn notices(
 ) -> Vec<Notice> {
     let namespace = cluster.namespace();
     let previous = cluster.status.clone().unwrap_or_default();
-    let before = |t: &str| crate::conditions::find(&previous.conditions, t);
-    let after = |t: &str| crate::conditions::find(&next.conditions, t);
+    let before = |t: &str| crate::reconcile::conditions::find(&previous.conditions, t);
+    let after = |t: &str| crate::reconcile::conditions::find(&next.conditions, t);
     // Children were applied before (a replica count is reported only then): a missing one was
     // deleted by someone, not yet to be created.
     let deployed_before = previous.replicas.is_some();

@@ -8,7 +8,7 @@ use crate::api::{
     CacheRule, CacheSpec, CdnCluster, CdnClusterSpec, CdnClusterStatus, HttpSpec, Origin, Role,
     ServiceOrigin, Source, State,
 };
-use crate::restricted::RunAs;
+use crate::kubernetes::restricted::RunAs;
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentStatus};
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -259,7 +259,7 @@ fn a_pool_reaches_the_status_by_its_members() {
     let problem = sources::resolve(&c, world(&[]), sources::DEFAULT_CLUSTER_DOMAIN).unwrap_err();
     let next = status::desired(&c, Observed::Problem(&problem), &now());
     assert_eq!(next.state, Some(State::Invalid));
-    let ready = crate::conditions::find(&next.conditions, status::READY).unwrap();
+    let ready = crate::reconcile::conditions::find(&next.conditions, status::READY).unwrap();
     assert!(
         ready
             .message
@@ -450,7 +450,7 @@ fn the_ids_a_cluster_pins_are_set_on_the_nginx_pods() {
     };
     let d = build::children(&c, &[], &run_as).deployment;
     let psc = d.spec.unwrap().template.spec.unwrap().security_context;
-    assert_eq!(psc, Some(crate::restricted::pod(&run_as)));
+    assert_eq!(psc, Some(crate::kubernetes::restricted::pod(&run_as)));
 }
 
 #[test]
@@ -947,7 +947,10 @@ fn status_follows_the_deployment() {
     assert_eq!(s.state, Some(State::Running));
     assert_eq!(s.ready_replicas, Some(1));
     assert_eq!(s.observed_generation, Some(1));
-    assert!(crate::conditions::is_true(&s.conditions, status::READY));
+    assert!(crate::reconcile::conditions::is_true(
+        &s.conditions,
+        status::READY
+    ));
 }
 
 #[test]
@@ -985,7 +988,10 @@ fn invalid_and_running_transitions_emit_one_event_each() {
         (n.len(), n[0].reason, n[0].warning),
         (1, "InvalidSpec", true)
     );
-    assert!(crate::conditions::is_true(&s.conditions, status::STALLED));
+    assert!(crate::reconcile::conditions::is_true(
+        &s.conditions,
+        status::STALLED
+    ));
 
     c.status = Some(CdnClusterStatus {
         state: Some(State::Deploying),
@@ -1030,7 +1036,7 @@ fn a_refused_child_is_reported_once_per_message_naming_the_child() {
     );
     let s = status::desired(&c, Observed::Refused(&quota), &now());
     assert_eq!(s.state, Some(State::Error));
-    let ready = crate::conditions::find(&s.conditions, status::READY).unwrap();
+    let ready = crate::reconcile::conditions::find(&s.conditions, status::READY).unwrap();
     assert_eq!(ready.reason, "ApplyFailed");
     assert!(
         ready.message.starts_with(
@@ -1040,8 +1046,11 @@ fn a_refused_child_is_reported_once_per_message_naming_the_child() {
         ready.message
     );
     // A refusal of the request itself: only a change elsewhere can help.
-    assert!(crate::conditions::is_true(&s.conditions, status::STALLED));
-    assert!(!crate::conditions::is_true(
+    assert!(crate::reconcile::conditions::is_true(
+        &s.conditions,
+        status::STALLED
+    ));
+    assert!(!crate::reconcile::conditions::is_true(
         &s.conditions,
         status::RECONCILING
     ));
@@ -1067,10 +1076,13 @@ fn a_refused_child_is_reported_once_per_message_naming_the_child() {
     );
     let s = status::desired(&c, Observed::Refused(&server), &now());
     assert!(
-        crate::conditions::is_true(&s.conditions, status::RECONCILING),
+        crate::reconcile::conditions::is_true(&s.conditions, status::RECONCILING),
         "a server error is retried"
     );
-    assert!(!crate::conditions::is_true(&s.conditions, status::STALLED));
+    assert!(!crate::reconcile::conditions::is_true(
+        &s.conditions,
+        status::STALLED
+    ));
     assert_eq!(
         status::notices(&c, &s, &Observed::Refused(&server), &[]).len(),
         1
@@ -1080,7 +1092,10 @@ fn a_refused_child_is_reported_once_per_message_naming_the_child() {
     c.status = Some(s);
     let s = status::desired(&c, Observed::Deployed(None), &now());
     assert_eq!(s.state, Some(State::Deploying));
-    assert!(!crate::conditions::is_true(&s.conditions, status::STALLED));
+    assert!(!crate::reconcile::conditions::is_true(
+        &s.conditions,
+        status::STALLED
+    ));
 }
 
 #[test]

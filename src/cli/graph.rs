@@ -383,7 +383,8 @@ where
         crate::api::State::Invalid | crate::api::State::WaitingSource | crate::api::State::Error
     )
     .then(|| {
-        crate::conditions::find(&status.conditions, status::READY).map(|c| c.message.to_string())
+        crate::reconcile::conditions::find(&status.conditions, status::READY)
+            .map(|c| c.message.to_string())
     })
     .flatten();
     (text, message)
@@ -580,7 +581,7 @@ fn from_cluster(args: &Args) -> Result<Topology, String> {
         .build()
         .map_err(|e| format!("cannot start the async runtime: {e}"))?;
     runtime.block_on(async {
-        let client = crate::client::connect(None)
+        let client = crate::kubernetes::client::connect(None)
             .await
             .map_err(|e| format!("cannot reach the cluster: {e}"))?;
         let namespace = match (&args.namespace, args.all_namespaces) {

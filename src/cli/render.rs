@@ -6,7 +6,7 @@ use super::manifests::{Index, Manifests};
 use crate::at;
 use crate::cdncluster::build::{self, Children};
 use crate::cdncluster::{sources, status};
-use crate::restricted::RunAs;
+use crate::kubernetes::restricted::RunAs;
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use serde::Serialize;

@@ -1,8 +1,8 @@
 //! The flags and environment of `cdn-operator run`.
 
-use crate::cache::Scope;
 use crate::cdncluster::sources::{parse_cluster_domain, DEFAULT_CLUSTER_DOMAIN};
-use crate::restricted::RunAs;
+use crate::kubernetes::cache::Scope;
+use crate::kubernetes::restricted::RunAs;
 use crate::runtime::leader;
 use crate::runtime::logs::{self, LogFormat};
 use crate::runtime::parse_duration;

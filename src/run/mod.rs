@@ -9,7 +9,7 @@ mod glue;
 pub use args::Args;
 pub use gauges::{register_at_gauges, register_cdncluster_gauges};
 
-use crate::events::Events;
+use crate::kubernetes::events::Events;
 use crate::runtime::access::Access;
 use crate::runtime::http::{self, Health};
 use crate::runtime::leader::Leadership;
@@ -73,7 +73,7 @@ pub enum Error {
     #[error(transparent)]
     Certificate(#[from] tls::CertificateError),
     #[error("cannot configure a Kubernetes client: {0}")]
-    Client(#[from] crate::client::ConnectError),
+    Client(#[from] crate::kubernetes::client::ConnectError),
     #[error("cannot reach the Kubernetes API server: {0}")]
     Unreachable(#[source] kube::Error),
     #[error("cannot serve {endpoints}: {source}")]
@@ -264,7 +264,7 @@ pub async fn run(args: Args) -> Result<(), Error> {
 /// A client, checked by one request so an unreachable API server fails at start.
 /// Its requests are counted in `metrics`.
 async fn connect(metrics: &Metrics) -> Result<kube::Client, Error> {
-    let client = crate::client::connect(Some(&metrics.count_requests())).await?;
+    let client = crate::kubernetes::client::connect(Some(&metrics.count_requests())).await?;
     let version = client
         .apiserver_version()
         .await

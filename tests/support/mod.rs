@@ -9,12 +9,12 @@
 
 use cdn_operator::api::CdnCluster;
 use cdn_operator::at::Clock;
-use cdn_operator::cache::CachesReady;
 use cdn_operator::cdncluster::nginx::SERVICE_PORT_NAME;
 use cdn_operator::cdncluster::settled::Settled;
 use cdn_operator::cdncluster::Context;
-use cdn_operator::compact::{Compact, Records};
-use cdn_operator::events::Events;
+use cdn_operator::kubernetes::cache::CachesReady;
+use cdn_operator::kubernetes::compact::{Compact, Records};
+use cdn_operator::kubernetes::events::Events;
 use cdn_operator::reconcile::Shared;
 use http_body_util::BodyExt;
 use k8s_openapi::api::apps::v1::Deployment;

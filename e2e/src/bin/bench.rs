@@ -28,13 +28,13 @@
 //!   and a part per CdnCluster converged.
 
 use cdn_operator::api::{CdnCluster, Role, State};
-use cdn_operator::apply::Change;
 use cdn_operator::cdncluster::nginx::Upstream;
 use cdn_operator::cdncluster::sources::Problem;
 use cdn_operator::cdncluster::status::{self, ChildChange, Observed};
 use cdn_operator::cdncluster::{build, sources};
-use cdn_operator::compact::Compact;
-use cdn_operator::events::Events;
+use cdn_operator::kubernetes::apply::Change;
+use cdn_operator::kubernetes::compact::Compact;
+use cdn_operator::kubernetes::events::Events;
 use cdn_operator_e2e::canary::{self, Canary};
 use cdn_operator_e2e::proxy::{LoggedWrite, Proxy};
 use cdn_operator_e2e::{
@@ -831,7 +831,7 @@ async fn run_baseline(
                         change: Change::Created,
                     })
                     .collect();
-                    use cdn_operator::apply::apply_always;
+                    use cdn_operator::kubernetes::apply::apply_always;
                     apply_always(
                         &Api::<ConfigMap>::namespaced(bare.clone(), &ns),
                         kids.config_map,
@@ -851,7 +851,7 @@ async fn run_baseline(
                     let now = Time(jiff::Timestamp::now());
                     let status = status::desired(cluster, observed, &now);
                     let notices = status::notices(cluster, &status, &observed, &changes);
-                    cdn_operator::apply::apply_status(
+                    cdn_operator::kubernetes::apply::apply_status(
                         &Api::<CdnCluster>::namespaced(bare.clone(), &ns),
                         cluster,
                         None,

@@ -1,7 +1,7 @@
 //! The controllers' caches: the watch scope, cached watches, when the caches have listed, and
 //! waiting for a write to reach them. Domain-free.
 
-use crate::compact::{Compact, Records};
+use crate::kubernetes::compact::{Compact, Records};
 use futures::{Stream, StreamExt};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::Api;
@@ -207,7 +207,7 @@ pub fn strip<K: Cached>(obj: &mut K) {
     }
 }
 
-/// What fills a cache from watch events: kube's store writer, or [`crate::compact::Records`].
+/// What fills a cache from watch events: kube's store writer, or [`crate::kubernetes::compact::Records`].
 pub trait Writes<K>: Send + 'static {
     /// Takes `event`; false for an `Apply` that changed nothing the cache's readers read (a new
     /// resourceVersion only), which then triggers no reconcile.
@@ -253,7 +253,7 @@ where
     (reader, stream)
 }
 
-/// A cached watch of `api` kept as [`Records`] (see [`crate::compact`]), and the stream of the
+/// A cached watch of `api` kept as [`Records`] (see [`crate::kubernetes::compact`]), and the stream of the
 /// [`Compact`] objects that fills it, to be polled by a controller.
 pub fn cached_records<K>(
     api: Api<Compact<K>>,
@@ -466,7 +466,7 @@ mod tests {
     /// A CdnCluster as a real server returns it, with labels added.
     fn served_cluster() -> crate::api::CdnCluster {
         let mut cluster: crate::api::CdnCluster = serde_json::from_str(include_str!(
-            "../tests/fixtures/real-server/cdncluster-cache-live.json"
+            "../../tests/fixtures/real-server/cdncluster-cache-live.json"
         ))
         .unwrap();
         cluster.metadata.labels = Some([("app".to_string(), "cdn".to_string())].into());
@@ -595,7 +595,7 @@ mod tests {
     /// change, and a deletion, does.
     #[tokio::test]
     async fn only_a_change_of_what_is_read_of_a_child_is_passed_on() {
-        use crate::compact::Compact;
+        use crate::kubernetes::compact::Compact;
         use k8s_openapi::api::apps::v1::{Deployment, DeploymentStatus};
         use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry};
         let deployment = |version: &str, ready: i32, fields: serde_json::Value, condition: &str| {
@@ -604,7 +604,7 @@ mod tests {
             d.metadata.namespace = Some("ns".into());
             d.metadata.resource_version = Some(version.into());
             d.metadata.managed_fields = Some(vec![ManagedFieldsEntry {
-                manager: Some(crate::apply::FIELD_MANAGER.into()),
+                manager: Some(crate::kubernetes::apply::FIELD_MANAGER.into()),
                 operation: Some("Apply".into()),
                 fields_v1: Some(FieldsV1(fields)),
                 ..Default::default()
@@ -622,7 +622,7 @@ mod tests {
         };
         let spec = serde_json::json!({"f:spec": {"f:replicas": {}}});
         let (watch, events) = mpsc::unbounded();
-        let records = crate::compact::Records::default();
+        let records = crate::kubernetes::compact::Records::default();
         let passed = caching(
             events,
             &Relists::default(),

@@ -3,7 +3,7 @@
 //! delete of an object that must be created again; and the release of a finalizer, which must
 //! never create anything.
 
-use crate::compact::Record;
+use crate::kubernetes::compact::Record;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
@@ -37,7 +37,7 @@ pub enum Change {
 
 /// Whether `desired` must be applied over `observed` (its cached copy), and why; stamps
 /// `desired` with its applied hash. Nothing is needed when `observed` carries the same hash and
-/// the operator still owns every field of `desired` (see [`crate::fields`]). Values are never
+/// the operator still owns every field of `desired` (see [`crate::kubernetes::fields`]). Values are never
 /// compared: zero values the server drops, its defaults and normalizations, and the fields other
 /// managers own cost no write.
 pub fn change<K>(desired: &mut K, observed: Option<&Record>) -> Option<Change>
@@ -68,7 +68,7 @@ where
 
 /// Applies `desired` if [`change`] says it is needed. Returns why, with the server's answer read
 /// as `R`: the object itself, or only what a cache reads of it
-/// ([`crate::compact::Compact`]), which spares building the whole object to drop it.
+/// ([`crate::kubernetes::compact::Compact`]), which spares building the whole object to drop it.
 pub async fn apply<K, R>(
     api: &Api<R>,
     mut desired: K,

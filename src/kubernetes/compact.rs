@@ -2,15 +2,15 @@
 //! applied hash, the fields the operator's last apply still owns, and the few status counts read.
 //! Domain-free.
 //!
-//! Why: drift is told by ownership ([`crate::fields`]) and the applied hash, never by comparing
+//! Why: drift is told by ownership ([`crate::kubernetes::fields`]) and the applied hash, never by comparing
 //! specs, and only a Deployment's rollout counts are read; k8s-openapi types hold every optional
 //! field inline (a cached typed Deployment costs ~20 KiB, an `ObjectMeta` alone ~0.4 KiB before
 //! its strings), and kube's store keys each object with two more strings. So a watch event is
 //! read into a [`Compact`] (the metadata the controller routes by, and a [`Record`]), and the
 //! cache ([`Records`]) keeps the record alone, under one key string: ~0.2 KiB per object.
 
-use crate::cache::{Arrivals, StoreReady, Versions, Writes};
-use crate::fields::{Owned, Text};
+use crate::kubernetes::cache::{Arrivals, StoreReady, Versions, Writes};
+use crate::kubernetes::fields::{Owned, Text};
 use internment::ArcIntern;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::runtime::watcher;
@@ -57,7 +57,7 @@ pub struct Rollout {
     pub ready_replicas: Option<i32>,
 }
 
-/// The applied hash as cached: 16 lowercase hex digits (what [`crate::apply::hash`] writes), or
+/// The applied hash as cached: 16 lowercase hex digits (what [`crate::kubernetes::apply::hash`] writes), or
 /// nothing (any other value matches no hash the operator computes). The hash 0 is nothing too: it
 /// would only cost one needless apply, once in 2^64.
 fn parse_hash(text: &str) -> Option<NonZeroU64> {
@@ -170,7 +170,7 @@ impl<'de> Deserialize<'de> for AppliedHash {
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<AppliedHash, A::Error> {
                 let mut hash = None;
                 while let Some(key) = map.next_key::<Text<'de>>()? {
-                    if key.0 == crate::apply::APPLIED_HASH_ANNOTATION {
+                    if key.0 == crate::kubernetes::apply::APPLIED_HASH_ANNOTATION {
                         hash = map.next_value::<Text<'de>>().map(|h| parse_hash(&h.0))?;
                     } else {
                         map.next_value::<IgnoredAny>()?;
@@ -215,7 +215,10 @@ impl<'de> Deserialize<'de> for Entry {
                 while let Some(key) = map.next_key::<Text<'de>>()? {
                     match &*key.0 {
                         "manager" => {
-                            manager = Some(is(map.next_value()?, crate::apply::FIELD_MANAGER))
+                            manager = Some(is(
+                                map.next_value()?,
+                                crate::kubernetes::apply::FIELD_MANAGER,
+                            ))
                         }
                         "operation" => operation = Some(is(map.next_value()?, "Apply")),
                         "subresource" => {
@@ -369,7 +372,7 @@ impl Key {
 }
 
 /// A cache of [`Record`]s of one kind, filled by a watch of [`Compact`] objects through its
-/// [`RecordsWriter`] (see [`crate::cache::cached_records`]); cheap to clone, every clone reads the
+/// [`RecordsWriter`] (see [`crate::kubernetes::cache::cached_records`]); cheap to clone, every clone reads the
 /// same cache.
 #[derive(Clone)]
 pub struct Records {
@@ -525,12 +528,12 @@ mod tests {
         d.metadata.managed_fields = Some(vec![
             entry("kubectl", None, json!({"f:spec": {"f:paused": {}}})),
             entry(
-                crate::apply::FIELD_MANAGER,
+                crate::kubernetes::apply::FIELD_MANAGER,
                 Some("status"),
                 json!({"f:status": {}}),
             ),
             entry(
-                crate::apply::FIELD_MANAGER,
+                crate::kubernetes::apply::FIELD_MANAGER,
                 None,
                 json!({"f:spec": {"f:replicas": {}}}),
             ),
@@ -546,7 +549,10 @@ mod tests {
         d.metadata.labels = Some([("app".to_string(), "a".to_string())].into());
         d.metadata.annotations = Some(
             [
-                (crate::apply::APPLIED_HASH_ANNOTATION, "0123456789abcdef"),
+                (
+                    crate::kubernetes::apply::APPLIED_HASH_ANNOTATION,
+                    "0123456789abcdef",
+                ),
                 ("deployment.kubernetes.io/revision", "4"),
             ]
             .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -656,16 +662,16 @@ mod tests {
             let mut d = Deployment::default();
             d.metadata.annotations = Some(
                 [(
-                    crate::apply::APPLIED_HASH_ANNOTATION.to_string(),
+                    crate::kubernetes::apply::APPLIED_HASH_ANNOTATION.to_string(),
                     hash.to_string(),
                 )]
                 .into(),
             );
             Compact::of(&d).record
         };
-        let hash = crate::apply::hash(&json!({"a": 1}));
+        let hash = crate::kubernetes::apply::hash(&json!({"a": 1}));
         assert!(with(&hash).applied_hash_is(&hash));
-        assert!(!with(&hash).applied_hash_is(&crate::apply::hash(&json!({"a": 2}))));
+        assert!(!with(&hash).applied_hash_is(&crate::kubernetes::apply::hash(&json!({"a": 2}))));
         assert!(!with(&hash.to_uppercase()).applied_hash_is(&hash));
         assert!(!with(&format!("+{}", &hash[1..])).applied_hash_is(&hash));
         assert!(!Compact::of(&Deployment::default())
@@ -739,7 +745,11 @@ mod tests {
         let child = |name: &str, paths: Value| {
             let mut d = Deployment::default();
             d.metadata.name = Some(name.into());
-            d.metadata.managed_fields = Some(vec![entry(crate::apply::FIELD_MANAGER, None, paths)]);
+            d.metadata.managed_fields = Some(vec![entry(
+                crate::kubernetes::apply::FIELD_MANAGER,
+                None,
+                paths,
+            )]);
             Compact::of(&d)
         };
         let shape = json!({"f:spec": {"f:replicas": {}}});

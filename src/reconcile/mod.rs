@@ -1,9 +1,11 @@
 //! What every controller shares: the common part of its context, errors by step, backoff and the
 //! error policy. Domain-free.
 
-use crate::cache::CachesReady;
-use crate::events::Events;
-use crate::restricted::RunAs;
+pub mod conditions;
+
+use crate::kubernetes::cache::CachesReady;
+use crate::kubernetes::events::Events;
+use crate::kubernetes::restricted::RunAs;
 use kube::runtime::controller::Action;
 use kube::{Client, Resource, ResourceExt};
 use std::collections::HashMap;

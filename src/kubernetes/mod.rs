@@ -1,0 +1,10 @@
+//! The Kubernetes plumbing every controller uses, domain-free: the client, the one write path
+//! and the caches that let it skip writes, Events, and the restricted Pod Security settings.
+
+pub mod apply;
+pub mod cache;
+pub mod client;
+pub mod compact;
+pub mod events;
+pub mod fields;
+pub mod restricted;
