@@ -19,8 +19,10 @@
 use cdn_operator::api::{CdnCluster, CdnClusterSpec, Role, Source};
 use cdn_operator::cdncluster::{self, Context};
 use cdn_operator::kubernetes::cache;
-use cdn_operator::kubernetes::compact::{Compact, Records};
+use cdn_operator::kubernetes::compact::Compact;
 use cdn_operator::kubernetes::events::Events;
+use cdn_operator::kubernetes::index::Index;
+use cdn_operator::kubernetes::records::Records;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use kube::api::{Api, PostParams};
@@ -245,7 +247,7 @@ where
     for i in 0..n {
         let obj = make(i);
         bytes += serde_json::to_vec(&obj).unwrap().len();
-        cache::Writes::write(&mut writer, &watcher::Event::Apply(obj));
+        writer.apply(&obj);
     }
     let grown = rss_kib().saturating_sub(before);
     assert_eq!(records.len(), n);

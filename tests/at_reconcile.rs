@@ -340,7 +340,7 @@ async fn the_seed_example_runs_at_once() {
         .collect();
     assert_eq!(
         keys,
-        [cdn_operator::kubernetes::apply::APPLIED_HASH_ANNOTATION]
+        [cdn_operator::kubernetes::record::APPLIED_HASH_ANNOTATION]
     );
     assert_eq!(created, serde_json::to_value(&rendered.pods[0]).unwrap());
 }

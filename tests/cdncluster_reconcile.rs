@@ -19,7 +19,6 @@ use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
-use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 use std::sync::Arc;
@@ -180,7 +179,7 @@ impl Cluster {
         let changed = self.get_cluster(name).await;
         let mut index = Parents::default();
         for cluster in ctx.clusters.state() {
-            index.observe(&watcher::Event::Apply(cluster.as_ref().clone()), None);
+            index.apply(None, &cluster);
         }
         let mut names: Vec<String> = index.of(&changed).into_iter().map(|r| r.name).collect();
         names.sort();
@@ -248,7 +247,7 @@ async fn writes_are_server_side_applies_and_status_goes_through_the_subresource(
     let d = c.deployment("foo").await.unwrap();
     assert!(d
         .annotations()
-        .contains_key(cdn_operator::kubernetes::apply::APPLIED_HASH_ANNOTATION));
+        .contains_key(cdn_operator::kubernetes::record::APPLIED_HASH_ANNOTATION));
 }
 
 #[tokio::test]

@@ -15,6 +15,7 @@ use cdn_operator::kubernetes::apply::{self, Change};
 use cdn_operator::kubernetes::compact::Compact;
 use cdn_operator::kubernetes::events::Events;
 use cdn_operator::kubernetes::fields::Owned;
+use cdn_operator::kubernetes::record;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::FieldsV1;
@@ -99,14 +100,14 @@ where
         meta.generation,
         "{name}"
     );
-    let hash = &meta.annotations.as_ref().unwrap()[apply::APPLIED_HASH_ANNOTATION];
+    let hash = &meta.annotations.as_ref().unwrap()[record::APPLIED_HASH_ANNOTATION];
     assert!(record.applied_hash_is(hash), "{name}");
     let entry = meta
         .managed_fields
         .iter()
         .flatten()
         .find(|e| {
-            e.manager.as_deref() == Some(apply::FIELD_MANAGER)
+            e.manager.as_deref() == Some(record::FIELD_MANAGER)
                 && e.operation.as_deref() == Some("Apply")
                 && e.subresource.is_none()
         })

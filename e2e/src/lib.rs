@@ -71,7 +71,7 @@ pub async fn connect(what: &str) -> Option<Client> {
 /// waits until the API server serves them.
 pub async fn install_crds(client: &Client) {
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let params = PatchParams::apply(cdn_operator::kubernetes::apply::FIELD_MANAGER).force();
+    let params = PatchParams::apply(cdn_operator::kubernetes::record::FIELD_MANAGER).force();
     for crd in cdn_operator::api::crds() {
         let name = crd.name_any();
         api.patch(&name, &params, &Patch::Apply(&crd))

@@ -535,7 +535,7 @@ async fn a_cache_service_made_with_an_address_is_created_again_headless() {
         },
     }))
     .unwrap();
-    let params = PatchParams::apply(cdn_operator::kubernetes::apply::FIELD_MANAGER).force();
+    let params = PatchParams::apply(cdn_operator::kubernetes::record::FIELD_MANAGER).force();
     let before = env
         .api::<Service>()
         .patch("old", &params, &Patch::Apply(&service))

@@ -26,7 +26,7 @@ pub mod status;
 
 use crate::api::At;
 use crate::kubernetes::apply;
-use crate::kubernetes::cache::{self, Arrivals, CachesReady, Relists, Scope};
+use crate::kubernetes::cache::{self, Arrivals, Scope, Watches};
 use crate::kubernetes::events::Events;
 use crate::kubernetes::restricted::RunAs;
 use crate::reconcile::{self, Error, Shared};
@@ -97,22 +97,20 @@ pub fn controller(
     concurrency: u16,
     run_as: RunAs,
 ) -> (Arc<Context>, Controller<At>, Controller<Pod>) {
-    let relists = Relists::default();
+    let watches = Watches::default();
     // No reconcile of this controller waits for its writes to reach the caches.
     let arrivals = Arrivals::default();
-    let (ats, at_events) = cache::cached(
+    let (ats, at_events) = watches.cached(
         scope.api::<At>(client.clone()),
         watcher::Config::default(),
-        &relists,
         &arrivals,
-        |_, _| {},
+        |_| (),
     );
-    let (pods, pod_events) = cache::cached(
+    let (pods, pod_events) = watches.cached(
         scope.api::<Pod>(client.clone()),
         watcher::Config::default().labels(&build::selector()),
-        &relists,
         &arrivals,
-        |_, _| {},
+        |_| (),
     );
 
     // The janitor looks at a pod when it is being deleted, and when its At is deleted: whichever
@@ -138,7 +136,7 @@ pub fn controller(
     let ats_controller = Controller::for_stream(at_stream.applied_objects(), ats.clone())
         .watches_stream(pod_stream.touched_objects(), owners)
         .reconcile_all_on(leadership.acquired())
-        .reconcile_all_on(relists.listed_again())
+        .reconcile_all_on(watches.relists.listed_again())
         .with_config(config.clone());
     let janitor = Controller::for_stream(
         futures::stream::empty::<Result<Pod, watcher::Error>>(),
@@ -146,10 +144,10 @@ pub fn controller(
     )
     .reconcile_on(UnboundedReceiverStream::new(orphans_rx))
     .reconcile_all_on(leadership.acquired())
-    .reconcile_all_on(relists.listed_again())
+    .reconcile_all_on(watches.relists.listed_again())
     .with_config(config);
 
-    let ready = CachesReady::of(vec![Box::new(ats.clone()), Box::new(pods.clone())]);
+    let ready = watches.ready;
     let context = Arc::new(Context {
         shared: Shared {
             run_as,

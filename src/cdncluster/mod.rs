@@ -10,9 +10,12 @@ pub mod status;
 
 use crate::api::CdnCluster;
 use crate::kubernetes::apply::{self, Change};
-use crate::kubernetes::cache::{self, Arrivals, CachesReady, Relists, Scope, Versions};
-use crate::kubernetes::compact::{Compact, Record, Records};
+use crate::kubernetes::cache::{self, Arrivals, Scope, Watches};
+use crate::kubernetes::compact::Compact;
 use crate::kubernetes::events::Events;
+use crate::kubernetes::index::Versions;
+use crate::kubernetes::record::Record;
+use crate::kubernetes::records::Records;
 use crate::kubernetes::restricted::RunAs;
 use crate::reconcile::{self, Error, Shared};
 use crate::runtime::leader::Leadership;
@@ -27,7 +30,7 @@ use kube::runtime::controller::{Action, Config, Controller};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Client, Resource, ResourceExt};
-use parents::{concerns_parents, Parents};
+use parents::{Parents, ParentsWatch};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use settled::{Settled, VersionSet};
@@ -82,57 +85,32 @@ pub fn controller(
     cluster_domain: String,
 ) -> (Arc<Context>, Controller<CdnCluster>) {
     let children = watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}"));
-    let relists = Relists::default();
-    let (deployments, deployment_events) = cache::cached_records(
+    let watches = Watches::default();
+    let (deployments, deployment_events) = watches.cached_records(
         scope.api::<Compact<Deployment>>(client.clone()),
         children.clone(),
-        &relists,
     );
-    let (config_maps, config_map_events) = cache::cached_records(
+    let (config_maps, config_map_events) = watches.cached_records(
         scope.api::<Compact<ConfigMap>>(client.clone()),
         children.clone(),
-        &relists,
     );
-    let (services, service_events) = cache::cached_records(
-        scope.api::<Compact<Service>>(client.clone()),
-        children,
-        &relists,
-    );
+    let (services, service_events) =
+        watches.cached_records(scope.api::<Compact<Service>>(client.clone()), children);
 
     let (parents_tx, parents_rx) = mpsc::unbounded_channel();
-    let mut parents = Parents::default();
     let cluster_arrivals = Arrivals::default();
     let settled = Settled::default();
-    let forget = settled.clone();
-    let (clusters, cluster_events) = cache::cached(
+    let (clusters, cluster_events) = watches.cached(
         scope.api::<CdnCluster>(client.clone()),
         watcher::Config::default(),
-        &relists,
         &cluster_arrivals,
-        move |event, cache: &Store<CdnCluster>| {
-            let old = match event {
-                watcher::Event::Apply(obj) | watcher::Event::Delete(obj) => {
-                    cache.get(&ObjectRef::from_obj(obj))
-                }
-                _ => None,
+        |cache| {
+            let parents = ParentsWatch {
+                index: Parents::default(),
+                cache: cache.clone(),
+                parents: parents_tx,
             };
-            // Not on a (re)list: every object is reconciled then anyway.
-            let changed = match event {
-                watcher::Event::Delete(gone) => Some(gone),
-                watcher::Event::Apply(new) => concerns_parents(old.as_deref(), new).then_some(new),
-                _ => None,
-            };
-            for parent in changed.map(|c| parents.of(c)).unwrap_or_default() {
-                let _ = parents_tx.send(parent);
-            }
-            match event {
-                watcher::Event::Delete(gone) => {
-                    forget.forget(&gone.namespace().unwrap_or_default(), &gone.name_any())
-                }
-                watcher::Event::Init => forget.forget_all(),
-                _ => {}
-            }
-            parents.observe(event, old.as_deref());
+            (parents, settled.clone())
         },
     );
 
@@ -142,15 +120,10 @@ pub fn controller(
         .owns_stream(service_events.touched_objects())
         .reconcile_on(UnboundedReceiverStream::new(parents_rx))
         .reconcile_all_on(leadership.acquired())
-        .reconcile_all_on(relists.listed_again())
+        .reconcile_all_on(watches.relists.listed_again())
         .with_config(Config::default().concurrency(concurrency));
 
-    let ready = CachesReady::of(vec![
-        Box::new(clusters.clone()),
-        Box::new(deployments.clone()),
-        Box::new(config_maps.clone()),
-        Box::new(services.clone()),
-    ]);
+    let ready = watches.ready;
     let context = Arc::new(Context {
         shared: Shared {
             run_as,
@@ -217,7 +190,7 @@ async fn reconcile_unless_settled(
         ),
         (Service::kind(&()), &ctx.services, build::service_name(name)),
     ] {
-        versions.set_child(kind, cache.version(&Records::key(namespace, &child)));
+        versions.set_child(kind, cache.version(namespace, &child));
     }
     if ctx.settled.unchanged(namespace, name, &versions) {
         tracing::debug!(%namespace, %name, "unchanged since its last reconcile");

@@ -1,11 +1,13 @@
-//! Which CdnClusters to reconcile again when one changes: those that list it as a source. Pure.
+//! Which CdnClusters to reconcile again when one changes: those that list it as a source. The
+//! index is pure; [`ParentsWatch`] feeds it from the CdnCluster watch.
 
 use crate::api::CdnCluster;
-use crate::kubernetes::compact::Key;
-use kube::runtime::reflector::ObjectRef;
-use kube::runtime::watcher::Event;
+use crate::kubernetes::index::{Index, Reset};
+use crate::kubernetes::records::Key;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::ResourceExt;
 use std::collections::HashMap;
+use tokio::sync::mpsc::UnboundedSender;
 
 /// Whether a new version of a CdnCluster can change what its parents build or report: its
 /// existence, its identity (one deleted and created again, the two events possibly folded into
@@ -43,21 +45,66 @@ impl Parents {
             .collect()
     }
 
-    /// Takes a watch event; `old` is the object's version before it (the cache's).
-    pub fn observe(&mut self, event: &Event<CdnCluster>, old: Option<&CdnCluster>) {
-        match event {
-            Event::Apply(new) => {
-                if let Some(old) = old {
-                    edges(&mut self.by_source, old, false);
-                }
-                edges(&mut self.by_source, new, true);
-            }
-            Event::Delete(gone) => edges(&mut self.by_source, old.unwrap_or(gone), false),
-            Event::Init => self.relisting = Some(BySource::new()),
-            Event::InitApply(new) => edges(self.relisting.get_or_insert_default(), new, true),
-            // What was not listed again is gone, deletions included.
-            Event::InitDone => self.by_source = self.relisting.take().unwrap_or_default(),
+    /// `new` replaced `old` (the cache's copy, if any).
+    pub fn apply(&mut self, old: Option<&CdnCluster>, new: &CdnCluster) {
+        if let Some(old) = old {
+            edges(&mut self.by_source, old, false);
         }
+        edges(&mut self.by_source, new, true);
+    }
+
+    /// `gone` was deleted.
+    pub fn delete(&mut self, gone: &CdnCluster) {
+        edges(&mut self.by_source, gone, false);
+    }
+
+    /// A step of a list of every CdnCluster, which replaces the index at its end.
+    pub fn reset(&mut self, step: Reset<'_, CdnCluster>) {
+        match step {
+            Reset::Begin => self.relisting = Some(BySource::new()),
+            Reset::Listed(new) => edges(self.relisting.get_or_insert_default(), new, true),
+            // What was not listed again is gone, deletions included.
+            Reset::Done => self.by_source = self.relisting.take().unwrap_or_default(),
+        }
+    }
+}
+
+/// The CdnCluster watch's [`Parents`]: kept up to date from the events, each read against the
+/// cache's previous copy, and telling `parents` the CdnClusters to reconcile again when a source
+/// of theirs changed in a way that [`concerns_parents`]. Not on a (re)list: every CdnCluster is
+/// reconciled then anyway.
+pub struct ParentsWatch {
+    pub index: Parents,
+    pub cache: Store<CdnCluster>,
+    pub parents: UnboundedSender<ObjectRef<CdnCluster>>,
+}
+
+impl ParentsWatch {
+    fn tell(&self, changed: &CdnCluster) {
+        for parent in self.index.of(changed) {
+            let _ = self.parents.send(parent);
+        }
+    }
+}
+
+impl Index<CdnCluster> for ParentsWatch {
+    fn apply(&mut self, new: &CdnCluster) -> bool {
+        let old = self.cache.get(&ObjectRef::from_obj(new));
+        if concerns_parents(old.as_deref(), new) {
+            self.tell(new);
+        }
+        self.index.apply(old.as_deref(), new);
+        false
+    }
+
+    fn delete(&mut self, gone: &CdnCluster) {
+        self.tell(gone);
+        let old = self.cache.get(&ObjectRef::from_obj(gone));
+        self.index.delete(old.as_deref().unwrap_or(gone));
+    }
+
+    fn reset(&mut self, step: Reset<'_, CdnCluster>) {
+        self.index.reset(step);
     }
 }
 
@@ -109,23 +156,23 @@ mod tests {
         let lb1 = cluster("a", "lb1", &["cache"]);
         let lb2 = cluster("a", "lb2", &["cache", "other"]);
         for c in [&lb1, &lb2] {
-            index.observe(&Event::Apply(c.clone()), None);
+            index.apply(None, c);
         }
         // The same name in another namespace is another CdnCluster.
-        index.observe(&Event::Apply(cluster("b", "lb3", &["cache"])), None);
+        index.apply(None, &cluster("b", "lb3", &["cache"]));
         assert_eq!(names(index.of(&cache)), ["a/lb1", "a/lb2"]);
 
         let lb1_moved = cluster("a", "lb1", &["other"]);
-        index.observe(&Event::Apply(lb1_moved.clone()), Some(&lb1));
+        index.apply(Some(&lb1), &lb1_moved);
         assert_eq!(names(index.of(&cache)), ["a/lb2"]);
         assert_eq!(
             names(index.of(&cluster("a", "other", &[]))),
             ["a/lb1", "a/lb2"]
         );
 
-        index.observe(&Event::Delete(lb2.clone()), Some(&lb2));
+        index.delete(&lb2);
         assert!(index.of(&cache).is_empty());
-        index.observe(&Event::Delete(lb1_moved.clone()), None);
+        index.delete(&lb1_moved);
         assert!(index.of(&cluster("a", "other", &[])).is_empty());
         assert_eq!(index.by_source.len(), 1, "only b/cache is still listed");
     }
@@ -134,15 +181,15 @@ mod tests {
     fn a_relist_forgets_what_it_does_not_list_again() {
         let mut index = Parents::default();
         let source = cluster("a", "cache", &[]);
-        index.observe(&Event::Apply(cluster("a", "gone", &["cache"])), None);
-        index.observe(&Event::Init, None);
-        index.observe(&Event::InitApply(cluster("a", "kept", &["cache"])), None);
+        index.apply(None, &cluster("a", "gone", &["cache"]));
+        index.reset(Reset::Begin);
+        index.reset(Reset::Listed(&cluster("a", "kept", &["cache"])));
         assert_eq!(
             names(index.of(&source)),
             ["a/gone"],
             "until the relist ends"
         );
-        index.observe(&Event::InitDone, None);
+        index.reset(Reset::Done);
         assert_eq!(names(index.of(&source)), ["a/kept"]);
     }
 
@@ -151,10 +198,10 @@ mod tests {
         let mut index = Parents::default();
         let source = cluster("a", "cache", &[]);
         let pool = cluster("a", "lb", &["cache", "cache"]);
-        index.observe(&Event::Apply(cluster("a", "z", &["cache"])), None);
-        index.observe(&Event::Apply(pool.clone()), None);
+        index.apply(None, &cluster("a", "z", &["cache"]));
+        index.apply(None, &pool);
         assert_eq!(names(index.of(&source)), ["a/lb", "a/z"]);
-        index.observe(&Event::Delete(pool.clone()), Some(&pool));
+        index.delete(&pool);
         assert_eq!(names(index.of(&source)), ["a/z"]);
     }
 
@@ -165,7 +212,7 @@ mod tests {
         lb.spec
             .sources
             .push(Source::url("cache", "http://cache.example.com", None));
-        index.observe(&Event::Apply(lb), None);
+        index.apply(None, &lb);
         assert!(index.of(&cluster("a", "cache", &[])).is_empty());
     }
 }

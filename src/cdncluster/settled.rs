@@ -3,6 +3,9 @@
 //! watch events and trigger one more reconcile, which has nothing to do: building and comparing
 //! every child again cost as much as the reconcile that wrote them.
 
+use crate::api::CdnCluster;
+use crate::kubernetes::index::{Index, Reset};
+use kube::ResourceExt;
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
@@ -127,6 +130,24 @@ impl Settled {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, u64>> {
         self.by_cluster.lock().expect("never poisoned")
+    }
+}
+
+/// Fed by the CdnCluster watch: a CdnCluster deleted leaves nothing behind, and a list of them
+/// all (events may have been missed) has every next reconcile run whole.
+impl Index<CdnCluster> for Settled {
+    fn apply(&mut self, _: &CdnCluster) -> bool {
+        false
+    }
+
+    fn delete(&mut self, gone: &CdnCluster) {
+        self.forget(&gone.namespace().unwrap_or_default(), &gone.name_any());
+    }
+
+    fn reset(&mut self, step: Reset<'_, CdnCluster>) {
+        if let Reset::Begin = step {
+            self.forget_all();
+        }
     }
 }
 

@@ -3,7 +3,7 @@
 //! delete of an object that must be created again; and the release of a finalizer, which must
 //! never create anything.
 
-use crate::kubernetes::compact::Record;
+use super::record::{hash, Record, APPLIED_HASH_ANNOTATION, FIELD_MANAGER};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
@@ -11,18 +11,11 @@ use serde::Serialize;
 use serde_json::{json, Value};
 use std::fmt::Debug;
 
-/// The field manager of every write the operator makes.
-pub const FIELD_MANAGER: &str = "cdn-operator";
-
 fn params() -> PatchParams {
     // Forced: the operator is the authority on the fields it sets; a hand edit of one of them is
     // taken back, while fields other managers set alone are left to them.
     PatchParams::apply(FIELD_MANAGER).force()
 }
-
-/// Annotation holding a hash of what the operator last applied to an object: a change of what
-/// it applies, a field dropped included, changes the hash.
-pub const APPLIED_HASH_ANNOTATION: &str = "cdn-operator.anevia.com/applied-hash";
 
 /// Why an object must be applied.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -37,7 +30,7 @@ pub enum Change {
 
 /// Whether `desired` must be applied over `observed` (its cached copy), and why; stamps
 /// `desired` with its applied hash. Nothing is needed when `observed` carries the same hash and
-/// the operator still owns every field of `desired` (see [`crate::kubernetes::fields`]). Values are never
+/// the operator still owns every field of `desired` (see [`super::fields`]). Values are never
 /// compared: zero values the server drops, its defaults and normalizations, and the fields other
 /// managers own cost no write.
 pub fn change<K>(desired: &mut K, observed: Option<&Record>) -> Option<Change>
@@ -184,46 +177,6 @@ where
     }
 }
 
-/// A short, stable digest of `value`'s compact JSON form (serde_json writes a `Value`'s map
-/// keys in order). Streamed into the digest: the JSON text of a Deployment or a ConfigMap is
-/// never built.
-pub fn hash<T: Serialize + ?Sized>(value: &T) -> String {
-    use sha2::{Digest, Sha256};
-    use std::fmt::Write;
-    let mut digest = Sha256::new();
-    serde_json::to_writer(&mut digest, value).expect("hashed values always serialize to JSON");
-    let digest = digest.finalize();
-    digest[..8]
-        .iter()
-        .fold(String::with_capacity(16), |mut hex, b| {
-            let _ = write!(hex, "{b:02x}");
-            hex
-        })
-}
-
 fn to_value<T: Serialize>(value: &T) -> Value {
     serde_json::to_value(value).expect("Kubernetes objects always serialize to JSON")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::hash;
-    use serde_json::{json, Value};
-
-    #[test]
-    fn the_hash_is_the_first_8_bytes_of_the_sha256_of_the_compact_json() {
-        // Pinned: a changed digest would re-apply every child of every CdnCluster on upgrade.
-        assert_eq!(hash(&json!({"a": 1})), "015abd7f5cc57a2d");
-        // sha256 of the JSON string "line\n\"quoted\"", escapes included.
-        assert_eq!(hash("line\n\"quoted\""), "df6b0d43eb9f37e6");
-        assert_eq!(
-            hash("line\n\"quoted\""),
-            hash(&Value::String("line\n\"quoted\"".into()))
-        );
-        let object = json!({"b": [1, "x"], "a": {"d": null, "c": true}});
-        let text = object.to_string();
-        let parsed: Value = serde_json::from_str(&text).unwrap();
-        assert_eq!(hash(&object), hash(&parsed));
-        assert_ne!(hash(&object), hash(&json!({"b": [1, "y"]})));
-    }
 }

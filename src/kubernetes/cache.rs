@@ -1,13 +1,15 @@
-//! The controllers' caches: the watch scope, cached watches, when the caches have listed, and
-//! waiting for a write to reach them. Domain-free.
+//! The controllers' caches: the watch scope, cached watches feeding their [`Index`]es, when the
+//! caches have listed, and waiting for a write to reach them. Domain-free.
 
-use crate::kubernetes::compact::{Compact, Records};
+use super::compact::Compact;
+use super::index::{Index, Reset, Versions};
+use super::records::Records;
 use futures::{Stream, StreamExt};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::Api;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{watcher, WatchStreamExt};
-use kube::{Client, Resource, ResourceExt};
+use kube::{Client, Resource};
 use serde::de::DeserializeOwned;
 use std::fmt::Debug;
 use std::hash::Hash;
@@ -17,32 +19,6 @@ use tokio::sync::{watch, Notify};
 
 /// How long a reconcile waits for its writes to reach the caches (see [`until_visible`]).
 pub const WRITES_VISIBLE_WITHIN: Duration = Duration::from_secs(2);
-
-/// A cache that answers the resourceVersion it holds of an object.
-pub trait Versions: Clone + Send + Sync + 'static {
-    type Key: Send + Sync + 'static;
-    /// The key of `namespace/name`.
-    fn key(namespace: &str, name: &str) -> Self::Key;
-    /// The cached version of `key`; `None` when it is not cached.
-    fn version(&self, key: &Self::Key) -> Option<String>;
-}
-
-impl<K> Versions for Store<K>
-where
-    K: Resource + Clone + Send + Sync + 'static,
-    K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
-{
-    type Key = reflector::ObjectRef<K>;
-
-    fn key(namespace: &str, name: &str) -> Self::Key {
-        reflector::ObjectRef::new(name).within(namespace)
-    }
-
-    fn version(&self, key: &Self::Key) -> Option<String> {
-        self.get(key)
-            .map(|cached| cached.resource_version().unwrap_or_default())
-    }
-}
 
 /// Waits, at most `within`, until `cache` holds the version of `namespace/name` a write answered
 /// with (`written`) or a later one (one other than `before`, the version cached before the write).
@@ -67,9 +43,8 @@ pub async fn until_visible<C: Versions>(
     }
     // Watched before the first look, so an event between the look and the wait is not missed.
     let arrival = arrivals.watch(namespace, name);
-    let key = C::key(namespace, name);
     let caught_up = || {
-        cache.version(&key).is_some_and(|version| {
+        cache.version(namespace, name).is_some_and(|version| {
             Some(&version) == written.as_ref() || Some(&version) != before.as_ref()
         })
     };
@@ -82,7 +57,7 @@ pub async fn until_visible<C: Versions>(
 }
 
 /// The waits on the objects of one cache ([`until_visible`]), woken by the watch that fills it
-/// ([`cached`], [`cached_records`]) each time one of those objects changes, or when a list
+/// ([`Watches::cached`], [`Watches::cached_records`]) each time one of those objects changes, or when a list
 /// replaces the whole cache. Cheap to clone: every clone is the same.
 #[derive(Clone, Default)]
 pub struct Arrivals {
@@ -207,130 +182,114 @@ pub fn strip<K: Cached>(obj: &mut K) {
     }
 }
 
-/// What fills a cache from watch events: kube's store writer, or [`crate::kubernetes::compact::Records`].
-pub trait Writes<K>: Send + 'static {
-    /// Takes `event`; false for an `Apply` that changed nothing the cache's readers read (a new
-    /// resourceVersion only), which then triggers no reconcile.
-    fn write(&mut self, event: &watcher::Event<K>) -> bool;
+/// The watches of one controller: when they have all listed once ([`CachesReady`]) and when one
+/// lists again ([`Relists`]). Cheap to clone: every clone is the same.
+#[derive(Clone, Default)]
+pub struct Watches {
+    pub relists: Relists,
+    pub ready: CachesReady,
 }
 
-impl<K> Writes<K> for reflector::store::Writer<K>
-where
-    K: Resource + Clone + Send + Sync + 'static,
-    K::DynamicType: Eq + Hash + Clone + Send + Sync,
-{
-    fn write(&mut self, event: &watcher::Event<K>) -> bool {
-        self.apply_watcher_event(event);
-        true
+impl Watches {
+    /// A cached watch of `api`: kube's store, and the stream that fills it (to be polled by a
+    /// controller), each object [`strip`]ped before caching. `index`, made with the store, is fed
+    /// each event before the store takes it (it may read the object's previous version there).
+    /// Every event that reached the store is told to `arrivals`.
+    pub fn cached<K, I>(
+        &self,
+        api: Api<K>,
+        config: watcher::Config,
+        arrivals: &Arrivals,
+        index: impl FnOnce(&Store<K>) -> I,
+    ) -> (
+        Store<K>,
+        impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
+    )
+    where
+        K: Cached + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+        K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
+        I: Index<K>,
+    {
+        let (reader, writer) = reflector::store();
+        let events = watcher(api, config).default_backoff().modify(strip);
+        let stream = self.caching(events, arrivals, (index(&reader), writer));
+        (reader, stream)
     }
-}
 
-/// A cached watch of `api`: kube's store, and the stream that fills it (to be polled by a
-/// controller), each object [`strip`]ped before caching. `observe(event, cache)` sees each event
-/// before the cache takes it, so the cache still holds the object's previous version. A re-list
-/// is told to `relists` (see [`Relists`]), and every event that reached the cache to `arrivals`.
-pub fn cached<K, F>(
-    api: Api<K>,
-    config: watcher::Config,
-    relists: &Relists,
-    arrivals: &Arrivals,
-    mut observe: F,
-) -> (
-    Store<K>,
-    impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
-)
-where
-    K: Cached + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
-    K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
-    F: FnMut(&watcher::Event<K>, &Store<K>) + Send + 'static,
-{
-    let (reader, writer) = reflector::store();
-    let cache = reader.clone();
-    let events = watcher(api, config).default_backoff().modify(strip);
-    let stream = caching(events, relists, arrivals, writer, move |event| {
-        observe(event, &cache)
-    });
-    (reader, stream)
-}
+    /// A cached watch of `api` kept as [`Records`], and the stream of the [`Compact`] objects that
+    /// fills it, to be polled by a controller.
+    pub fn cached_records<K>(
+        &self,
+        api: Api<Compact<K>>,
+        config: watcher::Config,
+    ) -> (
+        Records,
+        impl Stream<Item = Result<watcher::Event<Compact<K>>, watcher::Error>> + Send + 'static,
+    )
+    where
+        K: Resource<DynamicType = ()> + Send + 'static,
+    {
+        let records = Records::default();
+        let events = watcher(api, config).default_backoff();
+        let stream = self.caching(events, records.arrivals(), records.writer());
+        (records, stream)
+    }
 
-/// A cached watch of `api` kept as [`Records`] (see [`crate::kubernetes::compact`]), and the stream of the
-/// [`Compact`] objects that fills it, to be polled by a controller.
-pub fn cached_records<K>(
-    api: Api<Compact<K>>,
-    config: watcher::Config,
-    relists: &Relists,
-) -> (
-    Records,
-    impl Stream<Item = Result<watcher::Event<Compact<K>>, watcher::Error>> + Send + 'static,
-)
-where
-    K: Resource<DynamicType = ()> + Send + 'static,
-{
-    let records = Records::default();
-    let events = watcher(api, config).default_backoff();
-    let stream = caching(
-        events,
-        relists,
-        records.arrivals(),
-        records.writer(),
-        |_| {},
-    );
-    (records, stream)
-}
-
-/// Fills `cache` from `events`, `observe` seeing each event first; see [`cached`].
-fn caching<K, W, F>(
-    events: impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
-    relists: &Relists,
-    arrivals: &Arrivals,
-    mut cache: W,
-    mut observe: F,
-) -> impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static
-where
-    K: Resource + Clone + Debug + Send + Sync + 'static,
-    W: Writes<K>,
-    F: FnMut(&watcher::Event<K>) + Send + 'static,
-{
-    let (relists, arrivals) = (relists.clone(), arrivals.clone());
-    let mut listed_once = false;
-    events
-        // An update that changed nothing the cache keeps (a Deployment's status conditions, a
-        // field of another manager) would reconcile the owner for nothing: it is not passed on.
-        // The objects of a re-list go to the store's buffer, which replaces the store only at its
-        // end: a reconcile they triggered would read the world from before the watch lost its
-        // place (and one for an object created meanwhile would find nothing and be dropped). So
-        // they trigger nothing; at the end, with the store replaced, `relists` has every object
-        // reconciled, which also covers what was deleted meanwhile (no event says so).
-        .filter(move |event| {
-            let keep = match event {
-                Err(_) => true,
-                Ok(event) => {
-                    observe(event);
-                    let changed = cache.write(event);
-                    match event {
-                        watcher::Event::Apply(obj) => {
-                            arrivals.arrived(Some(obj.meta()));
-                            changed
-                        }
-                        watcher::Event::Delete(obj) => {
-                            arrivals.arrived(Some(obj.meta()));
-                            true
-                        }
-                        watcher::Event::InitApply(_) => !listed_once,
-                        watcher::Event::InitDone => {
-                            arrivals.arrived(None);
-                            if listed_once {
-                                relists.tell();
-                            }
-                            listed_once = true;
-                            true
-                        }
-                        watcher::Event::Init => true,
+    /// Feeds `events` to `index`, and passes on those that may call for a reconcile.
+    fn caching<K, I>(
+        &self,
+        events: impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
+        arrivals: &Arrivals,
+        mut index: I,
+    ) -> impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static
+    where
+        K: Resource + Send + 'static,
+        I: Index<K>,
+    {
+        let (relists, arrivals) = (self.relists.clone(), arrivals.clone());
+        let mut first_list = Some(self.ready.expect());
+        events
+            // An update that changed nothing the index keeps (a Deployment's status conditions, a
+            // field of another manager) would reconcile the owner for nothing: it is not passed
+            // on. The objects of a re-list go to the indexes' buffers, which replace them only at
+            // its end: a reconcile they triggered would read the world from before the watch lost
+            // its place (and one for an object created meanwhile would find nothing and be
+            // dropped). So they trigger nothing; at the end, with the indexes replaced, `relists`
+            // has every object reconciled, which also covers what was deleted meanwhile.
+            .filter(move |event| {
+                let keep = match event {
+                    Err(_) => true,
+                    Ok(watcher::Event::Apply(object)) => {
+                        let changed = index.apply(object);
+                        arrivals.arrived(Some(object.meta()));
+                        changed
                     }
-                }
-            };
-            futures::future::ready(keep)
-        })
+                    Ok(watcher::Event::Delete(object)) => {
+                        index.delete(object);
+                        arrivals.arrived(Some(object.meta()));
+                        true
+                    }
+                    Ok(watcher::Event::Init) => {
+                        index.reset(Reset::Begin);
+                        true
+                    }
+                    Ok(watcher::Event::InitApply(object)) => {
+                        index.reset(Reset::Listed(object));
+                        first_list.is_some()
+                    }
+                    Ok(watcher::Event::InitDone) => {
+                        index.reset(Reset::Done);
+                        arrivals.arrived(None);
+                        match first_list.take() {
+                            Some(listed) => listed.done(),
+                            None => relists.tell(),
+                        }
+                        true
+                    }
+                };
+                futures::future::ready(keep)
+            })
+    }
 }
 
 /// When a controller's caches list again after the first time: their watch lost its place (the
@@ -365,67 +324,58 @@ impl Relists {
     }
 }
 
-/// A cache that tells when it has listed once, whatever it holds.
-pub trait StoreReady: Send + Sync + 'static {
-    fn listed(&self) -> futures::future::BoxFuture<'static, ()>;
-}
-
-impl<K> StoreReady for Store<K>
-where
-    K: Resource + Clone + Send + Sync + 'static,
-    K::DynamicType: Eq + Hash + Clone + Send + Sync,
-{
-    fn listed(&self) -> futures::future::BoxFuture<'static, ()> {
-        let store = self.clone();
-        Box::pin(async move {
-            let _ = store.wait_until_ready().await;
-        })
-    }
-}
-
-/// Whether a controller's caches have all listed once, for any number of waiters.
-///
-/// kube's `Store::wait_until_ready` wakes only the last task that polled it (a oneshot keeps one
-/// waker), and kube's own controller polls it too: many reconciles waiting on it directly could
-/// sleep forever. One task polls the stores again every 100 ms until they are ready, then this
-/// gate releases every waiter.
+/// Whether a controller's caches have all listed once, for any number of waiters: each cached
+/// watch made by [`Watches`] holds it closed until its first list is complete. Told by the
+/// watches themselves: kube's `Store::wait_until_ready` wakes only the last task that polled it.
 #[derive(Clone)]
 pub struct CachesReady {
-    rx: watch::Receiver<bool>,
+    /// How many watches have not listed yet.
+    pending: Arc<watch::Sender<usize>>,
+}
+
+impl Default for CachesReady {
+    /// Open until a watch is made with it (tests, caches filled by hand).
+    fn default() -> Self {
+        CachesReady {
+            pending: Arc::new(watch::Sender::new(0)),
+        }
+    }
 }
 
 impl CachesReady {
     /// Open from the start (tests, caches filled by hand).
     pub fn already() -> Self {
-        CachesReady {
-            rx: watch::Sender::new(true).subscribe(),
+        CachesReady::default()
+    }
+
+    /// One more watch to wait for; it opens its part with [`FirstList::done`].
+    fn expect(&self) -> FirstList {
+        self.pending.send_modify(|pending| *pending += 1);
+        FirstList {
+            ready: self.clone(),
         }
     }
 
-    /// Opens once every one of `stores` has listed; must be called inside the tokio runtime.
-    pub fn of(stores: Vec<Box<dyn StoreReady>>) -> Self {
-        let tx = watch::Sender::new(false);
-        let rx = tx.subscribe();
-        tokio::spawn(async move {
-            let all = || futures::future::join_all(stores.iter().map(|s| s.listed()));
-            while tokio::time::timeout(Duration::from_millis(100), all())
-                .await
-                .is_err()
-            {}
-            tx.send_replace(true);
-        });
-        CachesReady { rx }
-    }
-
     pub fn is_ready(&self) -> bool {
-        *self.rx.borrow()
+        *self.pending.borrow() == 0
     }
 
     /// Waits until the caches have listed once.
     pub async fn wait(&self) {
-        let mut rx = self.rx.clone();
-        // An error means the poller is gone without opening: the runtime is shutting down.
-        let _ = rx.wait_for(|ready| *ready).await;
+        let mut rx = self.pending.subscribe();
+        // Never an error: this holds the sender.
+        let _ = rx.wait_for(|pending| *pending == 0).await;
+    }
+}
+
+/// The first list of one watch, awaited by [`CachesReady`].
+struct FirstList {
+    ready: CachesReady,
+}
+
+impl FirstList {
+    fn done(self) {
+        self.ready.pending.send_modify(|pending| *pending -= 1);
     }
 }
 
@@ -437,6 +387,7 @@ mod tests {
     use k8s_openapi::api::core::v1::ConfigMap;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
     use kube::runtime::controller::{Action, Controller};
+    use kube::ResourceExt;
     use std::collections::BTreeSet;
     use std::sync::Mutex;
 
@@ -525,7 +476,7 @@ mod tests {
         let (watch, events) = mpsc::unbounded();
         let arrivals = Arrivals::default();
         let (store, writer) = reflector::store();
-        let stream = caching(events, &Relists::default(), &arrivals, writer, |_| {});
+        let stream = Watches::default().caching(events, &arrivals, writer);
         tokio::spawn(stream.for_each(|_| async {}));
         let send = |event| watch.unbounded_send(Ok(event)).unwrap();
         send(watcher::Event::Init);
@@ -568,6 +519,53 @@ mod tests {
         assert!(arrivals.is_empty());
     }
 
+    /// The caches of a controller are ready once every watch has listed once, and stay so
+    /// through a re-list; until then every waiter waits.
+    #[tokio::test]
+    async fn the_caches_are_ready_once_every_watch_has_listed() {
+        let watches = Watches::default();
+        let (watch_a, events_a) = mpsc::unbounded();
+        let (watch_b, events_b) = mpsc::unbounded();
+        let a = watches.caching(events_a, &Arrivals::default(), ());
+        let b = watches.caching(events_b, &Arrivals::default(), ());
+        tokio::spawn(a.for_each(|_| async {}));
+        tokio::spawn(b.for_each(|_| async {}));
+        let ready = watches.ready.clone();
+        let waiters: Vec<_> = (0..3)
+            .map(|_| {
+                tokio::spawn({
+                    let ready = ready.clone();
+                    async move { ready.wait().await }
+                })
+            })
+            .collect();
+        let send = |watch: &mpsc::UnboundedSender<_>, event: watcher::Event<ConfigMap>| {
+            watch.unbounded_send(Ok(event)).unwrap()
+        };
+        send(&watch_a, watcher::Event::Init);
+        send(&watch_a, watcher::Event::InitDone);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!ready.is_ready(), "b has not listed");
+        assert!(waiters.iter().all(|w| !w.is_finished()));
+        // A second list of a counts for nothing.
+        send(&watch_a, watcher::Event::Init);
+        send(&watch_a, watcher::Event::InitDone);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!ready.is_ready());
+        send(&watch_b, watcher::Event::Init);
+        send(&watch_b, watcher::Event::InitDone);
+        for waiter in waiters {
+            tokio::time::timeout(Duration::from_secs(1), waiter)
+                .await
+                .expect("every waiter is released")
+                .unwrap();
+        }
+        assert!(ready.is_ready());
+        send(&watch_b, watcher::Event::Init);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(ready.is_ready(), "a re-list does not close the caches");
+    }
+
     /// A wait is woken by a change of its object, and by a list replacing the cache (which
     /// carries no event per object); not by a change of another object.
     #[tokio::test]
@@ -604,7 +602,7 @@ mod tests {
             d.metadata.namespace = Some("ns".into());
             d.metadata.resource_version = Some(version.into());
             d.metadata.managed_fields = Some(vec![ManagedFieldsEntry {
-                manager: Some(crate::kubernetes::apply::FIELD_MANAGER.into()),
+                manager: Some(crate::kubernetes::record::FIELD_MANAGER.into()),
                 operation: Some("Apply".into()),
                 fields_v1: Some(FieldsV1(fields)),
                 ..Default::default()
@@ -622,14 +620,8 @@ mod tests {
         };
         let spec = serde_json::json!({"f:spec": {"f:replicas": {}}});
         let (watch, events) = mpsc::unbounded();
-        let records = crate::kubernetes::compact::Records::default();
-        let passed = caching(
-            events,
-            &Relists::default(),
-            records.arrivals(),
-            records.writer(),
-            |_| {},
-        );
+        let records = Records::default();
+        let passed = Watches::default().caching(events, records.arrivals(), records.writer());
         let send = |event| watch.unbounded_send(Ok(event)).unwrap();
         send(watcher::Event::Init);
         send(watcher::Event::InitDone);
@@ -681,12 +673,12 @@ mod tests {
     #[tokio::test]
     async fn after_a_relist_every_object_is_reconciled_on_the_new_cache_and_none_before() {
         let (watch, events) = mpsc::unbounded();
-        let relists = Relists::default();
+        let watches = Watches::default();
         let (store, writer) = reflector::store();
-        let stream = caching(events, &relists, &Arrivals::default(), writer, |_| {});
+        let stream = watches.caching(events, &Arrivals::default(), writer);
         let seen: Seen = Arc::default();
         let controller = Controller::for_stream(stream.applied_objects(), store.clone())
-            .reconcile_all_on(relists.listed_again());
+            .reconcile_all_on(watches.relists.listed_again());
         let reconcile = |cm: Arc<ConfigMap>, ctx: Arc<(Store<ConfigMap>, Seen)>| async move {
             let (store, seen) = &*ctx;
             seen.lock().unwrap().push((cm.name_any(), names(store)));

@@ -1,117 +1,27 @@
-//! The compact cache of the objects the operator applies: per object, its version, generation,
-//! applied hash, the fields the operator's last apply still owns, and the few status counts read.
-//! Domain-free.
+//! An object as the caches read it: straight from the watch's bytes, the metadata a controller
+//! routes by and the object's [`Record`], nothing else built. Domain-free.
 //!
-//! Why: drift is told by ownership ([`crate::kubernetes::fields`]) and the applied hash, never by comparing
+//! Why: drift is told by ownership ([`super::fields`]) and the applied hash, never by comparing
 //! specs, and only a Deployment's rollout counts are read; k8s-openapi types hold every optional
 //! field inline (a cached typed Deployment costs ~20 KiB, an `ObjectMeta` alone ~0.4 KiB before
 //! its strings), and kube's store keys each object with two more strings. So a watch event is
-//! read into a [`Compact`] (the metadata the controller routes by, and a [`Record`]), and the
-//! cache ([`Records`]) keeps the record alone, under one key string: ~0.2 KiB per object.
+//! read into a [`Compact`], and the cache ([`super::records::Records`]) keeps the record alone.
 
-use crate::kubernetes::cache::{Arrivals, StoreReady, Versions, Writes};
-use crate::kubernetes::fields::{Owned, Text};
+use super::fields::{Owned, Text};
+use super::record::{parse_hash, Record, Rollout, APPLIED_HASH_ANNOTATION, FIELD_MANAGER};
 use internment::ArcIntern;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
-use kube::runtime::watcher;
 use kube::Resource;
-use serde::de::{DeserializeOwned, IgnoredAny, MapAccess, Visitor};
+use serde::de::{IgnoredAny, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use std::borrow::Cow;
-use std::collections::HashMap;
 use std::fmt;
 use std::marker::PhantomData;
 use std::num::{NonZeroI64, NonZeroU64};
-use std::sync::{Arc, RwLock};
-use tokio::sync::watch;
-
-/// What the operator reads of a cached object.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Record {
-    /// Its resourceVersion (to wait for a write to reach the cache).
-    pub version: Box<str>,
-    /// Its generation (is its status current); generations start at 1. `NonZero`, as the hash:
-    /// thousands of records are cached, and each `Option` tag would cost a word.
-    pub generation: Option<NonZeroI64>,
-    /// The applied-hash annotation, when it is one the operator writes (16 lowercase hex digits).
-    applied_hash: Option<NonZeroU64>,
-    /// The fields of the operator's own apply (its managedFields entry for the main resource),
-    /// `None` when it has none. Interned: children of one kind and shape own the same fields
-    /// (fieldsV1 names fields and list keys, not values), so thousands share one copy.
-    pub owned: Option<ArcIntern<Owned>>,
-    /// The rollout counts of its status, if it has any (a Deployment's).
-    pub rollout: Option<Box<Rollout>>,
-}
-
-/// The replica counts of a workload's status, and the generation they describe.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Rollout {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub observed_generation: Option<i64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub replicas: Option<i32>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub updated_replicas: Option<i32>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ready_replicas: Option<i32>,
-}
-
-/// The applied hash as cached: 16 lowercase hex digits (what [`crate::kubernetes::apply::hash`] writes), or
-/// nothing (any other value matches no hash the operator computes). The hash 0 is nothing too: it
-/// would only cost one needless apply, once in 2^64.
-fn parse_hash(text: &str) -> Option<NonZeroU64> {
-    let hex = text.len() == 16 && text.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
-    hex.then(|| u64::from_str_radix(text, 16).ok())
-        .flatten()
-        .and_then(NonZeroU64::new)
-}
-
-impl Record {
-    /// Whether the object carries `hash` as its applied hash.
-    pub fn applied_hash_is(&self, hash: &str) -> bool {
-        self.applied_hash.is_some() && self.applied_hash == parse_hash(hash)
-    }
-
-    /// Whether `other` is this record at another resourceVersion: nothing the operator reads
-    /// of the object differs.
-    pub fn same_but_version(&self, other: &Record) -> bool {
-        let Record {
-            version: _,
-            generation,
-            applied_hash,
-            owned,
-            rollout,
-        } = self;
-        (generation, applied_hash, owned, rollout)
-            == (
-                &other.generation,
-                &other.applied_hash,
-                &other.owned,
-                &other.rollout,
-            )
-    }
-
-    /// The cached object as `K`, named `name`: its generation and status counts, no spec.
-    pub fn typed<K>(&self, name: &str) -> Result<K, serde_json::Error>
-    where
-        K: DeserializeOwned + Resource<DynamicType = ()>,
-    {
-        let mut value = serde_json::json!({
-            "apiVersion": K::api_version(&()),
-            "kind": K::kind(&()),
-            "metadata": {"name": name, "resourceVersion": &*self.version, "generation": self.generation},
-        });
-        if let Some(rollout) = &self.rollout {
-            value["status"] = serde_json::to_value(rollout)?;
-        }
-        serde_json::from_value(value)
-    }
-}
 
 /// An object of kind `K` as a watch delivers it to the cache, or as the server answers a write:
 /// the metadata a controller routes by (name, namespace, uid, version, controller owner) and its
-/// [`Record`]. Transient: [`Records`] keeps the record only.
+/// [`Record`]. Transient: [`super::records::Records`] keeps the record only.
 pub struct Compact<K> {
     pub metadata: ObjectMeta,
     pub record: Record,
@@ -170,7 +80,7 @@ impl<'de> Deserialize<'de> for AppliedHash {
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<AppliedHash, A::Error> {
                 let mut hash = None;
                 while let Some(key) = map.next_key::<Text<'de>>()? {
-                    if key.0 == crate::kubernetes::apply::APPLIED_HASH_ANNOTATION {
+                    if key.0 == APPLIED_HASH_ANNOTATION {
                         hash = map.next_value::<Text<'de>>().map(|h| parse_hash(&h.0))?;
                     } else {
                         map.next_value::<IgnoredAny>()?;
@@ -214,12 +124,7 @@ impl<'de> Deserialize<'de> for Entry {
                 let mut fields = None;
                 while let Some(key) = map.next_key::<Text<'de>>()? {
                     match &*key.0 {
-                        "manager" => {
-                            manager = Some(is(
-                                map.next_value()?,
-                                crate::kubernetes::apply::FIELD_MANAGER,
-                            ))
-                        }
+                        "manager" => manager = Some(is(map.next_value()?, FIELD_MANAGER)),
                         "operation" => operation = Some(is(map.next_value()?, "Apply")),
                         "subresource" => {
                             main_resource = map
@@ -354,153 +259,6 @@ impl<K: Resource> Resource for Compact<K> {
     }
 }
 
-/// Where an object is cached: `namespace/name`.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct Key(Box<str>);
-
-impl Key {
-    pub fn new(namespace: &str, name: &str) -> Self {
-        Key(format!("{namespace}/{name}").into())
-    }
-
-    fn of(metadata: &ObjectMeta) -> Self {
-        Key::new(
-            metadata.namespace.as_deref().unwrap_or_default(),
-            metadata.name.as_deref().unwrap_or_default(),
-        )
-    }
-}
-
-/// A cache of [`Record`]s of one kind, filled by a watch of [`Compact`] objects through its
-/// [`RecordsWriter`] (see [`crate::kubernetes::cache::cached_records`]); cheap to clone, every clone reads the
-/// same cache.
-#[derive(Clone)]
-pub struct Records {
-    objects: Arc<RwLock<HashMap<Key, Record>>>,
-    listed: Arc<watch::Sender<bool>>,
-    arrivals: Arrivals,
-}
-
-impl Default for Records {
-    fn default() -> Self {
-        Records {
-            objects: Arc::default(),
-            listed: Arc::new(watch::Sender::new(false)),
-            arrivals: Arrivals::default(),
-        }
-    }
-}
-
-impl Records {
-    /// The record of `namespace/name`, if cached.
-    pub fn get(&self, namespace: &str, name: &str) -> Option<Record> {
-        self.read().get(&Key::new(namespace, name)).cloned()
-    }
-
-    pub fn len(&self) -> usize {
-        self.read().len()
-    }
-
-    /// The waits on this cache's objects, woken by the watch that fills it.
-    pub fn arrivals(&self) -> &Arrivals {
-        &self.arrivals
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// The one writer of this cache.
-    pub fn writer(&self) -> RecordsWriter {
-        RecordsWriter {
-            records: self.clone(),
-            listing: None,
-        }
-    }
-
-    /// Replaces what the cache holds with `objects`, as a watch's (re)list does.
-    pub fn fill<K: Send + 'static>(&self, objects: impl IntoIterator<Item = Compact<K>>) {
-        let mut writer = self.writer();
-        Writes::<Compact<K>>::write(&mut writer, &watcher::Event::Init);
-        for object in objects {
-            writer.write(&watcher::Event::InitApply(object));
-        }
-        Writes::<Compact<K>>::write(&mut writer, &watcher::Event::InitDone);
-    }
-
-    fn read(&self) -> std::sync::RwLockReadGuard<'_, HashMap<Key, Record>> {
-        self.objects
-            .read()
-            .expect("the cache lock is never poisoned")
-    }
-
-    fn write(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<Key, Record>> {
-        self.objects
-            .write()
-            .expect("the cache lock is never poisoned")
-    }
-}
-
-/// Fills [`Records`] from watch events.
-pub struct RecordsWriter {
-    records: Records,
-    /// The objects of a (re)list so far: they replace the cache at its end, as in kube's store.
-    listing: Option<HashMap<Key, Record>>,
-}
-
-impl<K: Send + 'static> Writes<Compact<K>> for RecordsWriter {
-    fn write(&mut self, event: &watcher::Event<Compact<K>>) -> bool {
-        match event {
-            watcher::Event::Apply(object) => {
-                let key = Key::of(&object.metadata);
-                let old = self.records.write().insert(key, object.record.clone());
-                // The record is all the operator reads of the object.
-                return old.is_none_or(|old| !object.record.same_but_version(&old));
-            }
-            watcher::Event::Delete(object) => {
-                self.records.write().remove(&Key::of(&object.metadata));
-            }
-            watcher::Event::Init => self.listing = Some(HashMap::new()),
-            watcher::Event::InitApply(object) => {
-                if let Some(listing) = &mut self.listing {
-                    listing.insert(Key::of(&object.metadata), object.record.clone());
-                }
-            }
-            watcher::Event::InitDone => {
-                if let Some(mut listed) = self.listing.take() {
-                    listed.shrink_to_fit();
-                    *self.records.write() = listed;
-                }
-                self.records.listed.send_replace(true);
-            }
-        }
-        true
-    }
-}
-
-impl Versions for Records {
-    type Key = Key;
-
-    fn key(namespace: &str, name: &str) -> Key {
-        Key::new(namespace, name)
-    }
-
-    fn version(&self, key: &Key) -> Option<String> {
-        self.read()
-            .get(key)
-            .map(|record| record.version.to_string())
-    }
-}
-
-impl StoreReady for Records {
-    fn listed(&self) -> futures::future::BoxFuture<'static, ()> {
-        let mut listed = self.listed.subscribe();
-        Box::pin(async move {
-            let _ = listed.wait_for(|listed| *listed).await;
-        })
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -527,16 +285,8 @@ mod tests {
         d.metadata.generation = Some(3);
         d.metadata.managed_fields = Some(vec![
             entry("kubectl", None, json!({"f:spec": {"f:paused": {}}})),
-            entry(
-                crate::kubernetes::apply::FIELD_MANAGER,
-                Some("status"),
-                json!({"f:status": {}}),
-            ),
-            entry(
-                crate::kubernetes::apply::FIELD_MANAGER,
-                None,
-                json!({"f:spec": {"f:replicas": {}}}),
-            ),
+            entry(FIELD_MANAGER, Some("status"), json!({"f:status": {}})),
+            entry(FIELD_MANAGER, None, json!({"f:spec": {"f:replicas": {}}})),
         ]);
         d.spec = Some(DeploymentSpec {
             replicas: Some(2),
@@ -549,10 +299,7 @@ mod tests {
         d.metadata.labels = Some([("app".to_string(), "a".to_string())].into());
         d.metadata.annotations = Some(
             [
-                (
-                    crate::kubernetes::apply::APPLIED_HASH_ANNOTATION,
-                    "0123456789abcdef",
-                ),
+                (APPLIED_HASH_ANNOTATION, "0123456789abcdef"),
                 ("deployment.kubernetes.io/revision", "4"),
             ]
             .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -660,18 +407,13 @@ mod tests {
     fn the_applied_hash_is_kept_when_it_is_one_the_operator_writes() {
         let with = |hash: &str| {
             let mut d = Deployment::default();
-            d.metadata.annotations = Some(
-                [(
-                    crate::kubernetes::apply::APPLIED_HASH_ANNOTATION.to_string(),
-                    hash.to_string(),
-                )]
-                .into(),
-            );
+            d.metadata.annotations =
+                Some([(APPLIED_HASH_ANNOTATION.to_string(), hash.to_string())].into());
             Compact::of(&d).record
         };
-        let hash = crate::kubernetes::apply::hash(&json!({"a": 1}));
+        let hash = crate::kubernetes::record::hash(&json!({"a": 1}));
         assert!(with(&hash).applied_hash_is(&hash));
-        assert!(!with(&hash).applied_hash_is(&crate::kubernetes::apply::hash(&json!({"a": 2}))));
+        assert!(!with(&hash).applied_hash_is(&crate::kubernetes::record::hash(&json!({"a": 2}))));
         assert!(!with(&hash.to_uppercase()).applied_hash_is(&hash));
         assert!(!with(&format!("+{}", &hash[1..])).applied_hash_is(&hash));
         assert!(!Compact::of(&Deployment::default())
@@ -694,62 +436,12 @@ mod tests {
         assert_eq!(Compact::of(&s).record.rollout, None);
     }
 
-    fn named(namespace: &str, name: &str, version: &str) -> Compact<Deployment> {
-        let mut d = Deployment::default();
-        d.metadata.name = Some(name.into());
-        d.metadata.namespace = Some(namespace.into());
-        d.metadata.resource_version = Some(version.into());
-        Compact::of(&d)
-    }
-
-    #[tokio::test]
-    async fn records_follow_the_watch_and_a_relist_replaces_them_at_its_end() {
-        let records = Records::default();
-        let listed = records.listed();
-        let mut writer = records.writer();
-        let mut write = |event: watcher::Event<Compact<Deployment>>| writer.write(&event);
-        write(watcher::Event::Init);
-        write(watcher::Event::InitApply(named("n", "a", "1")));
-        assert!(records.is_empty(), "a list shows once it is complete");
-        write(watcher::Event::InitDone);
-        tokio::time::timeout(std::time::Duration::from_secs(1), listed)
-            .await
-            .expect("listed once the first list is done");
-        assert_eq!(records.version(&Key::new("n", "a")).as_deref(), Some("1"));
-        assert_eq!(records.get("n", "a").map(|r| r.version), Some("1".into()));
-        assert_eq!(records.get("m", "a"), None, "keyed by namespace too");
-
-        write(watcher::Event::Apply(named("n", "b", "2")));
-        write(watcher::Event::Apply(named("n", "a", "3")));
-        assert_eq!(records.version(&Key::new("n", "a")).as_deref(), Some("3"));
-        write(watcher::Event::Delete(named("n", "b", "4")));
-        assert_eq!(records.get("n", "b"), None);
-
-        // A re-list: the old records stay until it ends; then only the listed ones remain.
-        write(watcher::Event::Init);
-        write(watcher::Event::InitApply(named("n", "c", "5")));
-        assert_eq!(records.len(), 1);
-        assert!(records.get("n", "a").is_some());
-        write(watcher::Event::InitDone);
-        assert_eq!(
-            records.get("n", "a"),
-            None,
-            "deleted while the watch was away"
-        );
-        assert_eq!(records.version(&Key::new("n", "c")).as_deref(), Some("5"));
-        assert_eq!(records.len(), 1);
-    }
-
     #[test]
     fn children_of_one_shape_share_their_owned_fields() {
         let child = |name: &str, paths: Value| {
             let mut d = Deployment::default();
             d.metadata.name = Some(name.into());
-            d.metadata.managed_fields = Some(vec![entry(
-                crate::kubernetes::apply::FIELD_MANAGER,
-                None,
-                paths,
-            )]);
+            d.metadata.managed_fields = Some(vec![entry(FIELD_MANAGER, None, paths)]);
             Compact::of(&d)
         };
         let shape = json!({"f:spec": {"f:replicas": {}}});

@@ -7,4 +7,7 @@ pub mod client;
 pub mod compact;
 pub mod events;
 pub mod fields;
+pub mod index;
+pub mod record;
+pub mod records;
 pub mod restricted;
