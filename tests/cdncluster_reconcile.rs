@@ -163,7 +163,7 @@ impl Cluster {
             .await
     }
 
-    async fn reconcile(&self, name: &str) -> Result<Action, cdn_operator::reconcile::Error> {
+    async fn reconcile(&self, name: &str) -> Result<Action, cdn_operator::cdncluster::Error> {
         let obj = Arc::new(self.get_cluster(name).await);
         cdncluster::reconcile(obj, self.context().await).await
     }
@@ -778,7 +778,10 @@ async fn a_cluster_whose_namespace_is_being_deleted_is_left_to_go_quietly() {
     let error = cdncluster::reconcile(obj.clone(), ctx.clone())
         .await
         .unwrap_err();
-    assert!(error.is_namespace_terminating(), "{error}");
+    assert!(
+        reconcile::Failure::is_namespace_terminating(&error),
+        "{error}"
+    );
     // No status, no Event: only the refused apply (and the Service beside it).
     let writes = c.take_writes();
     assert!(
@@ -801,7 +804,7 @@ async fn a_cluster_whose_namespace_is_being_deleted_is_left_to_go_quietly() {
         "configmaps \"foo-nginx\" is forbidden: exceeded quota: no-configmaps",
     );
     let error = c.reconcile("foo").await.unwrap_err();
-    assert!(!error.is_namespace_terminating());
+    assert!(!reconcile::Failure::is_namespace_terminating(&error));
     assert_eq!(c.state("foo").await, Some(State::Error));
 }
 
@@ -849,7 +852,7 @@ async fn a_cluster_deleted_while_queued_ends_quietly() {
     assert_eq!(
         reconcile::error_policy(
             stale,
-            &cdn_operator::reconcile::Error::WriteStatus(
+            &cdn_operator::cdncluster::Error::WriteStatus(
                 kube::Error::LinesCodecMaxLineLengthExceeded
             ),
             ctx

@@ -292,7 +292,7 @@ async fn a_deleted_deployment_is_recreated() {
     .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let logs = env.logs();
-    for noise in ["reconcile failed", "not found in local store", "WARN"] {
+    for noise in ["; retried in", "not found in local store", "WARN"] {
         assert!(!logs.contains(noise), "`{noise}` in the logs:\n{logs}");
     }
 }
@@ -339,6 +339,15 @@ async fn a_child_the_server_refuses_is_reported_and_deployed_once_allowed() {
     assert!(
         get::<Deployment>(&env, "foo-deployment").await.is_none(),
         "no Deployment without its Service"
+    );
+    // Each failure is one line: the object, the server's words, when it is tried again.
+    let logs = env.logs();
+    assert!(
+        logs.lines().any(|line| line.contains("CdnCluster ")
+            && line.contains("/foo: could not apply Service foo: services")
+            && line.contains("exceeded quota: no-services")
+            && line.contains("; retried in ")),
+        "{logs}"
     );
 
     // The quota lifted: the next retry deploys.
@@ -557,7 +566,10 @@ async fn a_cache_service_made_with_an_address_is_created_again_headless() {
     wait_state(&env, "old", DEPLOYED).await;
     assert_children(&env, "old").await;
     let logs = env.logs();
-    assert!(!logs.contains("reconcile failed"), "{logs}");
+    assert!(
+        !logs.contains("; retried in"),
+        "no reconcile failed: {logs}"
+    );
 }
 
 /// The API server's refusal of `spec`, with the CRDs installed (no operator needed).

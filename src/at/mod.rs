@@ -29,7 +29,7 @@ use crate::kubernetes::apply;
 use crate::kubernetes::cache::{self, Arrivals, Scope, Watches};
 use crate::kubernetes::events::Events;
 use crate::kubernetes::restricted::RunAs;
-use crate::reconcile::{self, Error, Shared};
+use crate::reconcile::{self, Shared};
 use crate::runtime::leader::Leadership;
 use futures::StreamExt;
 use jiff::Timestamp;
@@ -190,6 +190,43 @@ pub fn owners(pod: Pod) -> Vec<ObjectRef<At>> {
         .collect()
 }
 
+/// Errors of an At's reconcile, by step. Each retries with backoff.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Plan: the At could not be read afresh before a write.
+    #[error("could not read the At afresh before writing: {}", reconcile::describe(.0))]
+    ReadFresh(#[source] kube::Error),
+    /// Status: the API server refused the status.
+    #[error("could not write the status: {}", reconcile::describe(.0))]
+    WriteStatus(#[source] kube::Error),
+    /// Pod: the API server refused the pod.
+    #[error("could not create Pod {pod}: {}", reconcile::describe(source))]
+    CreatePod {
+        pod: String,
+        #[source]
+        source: kube::Error,
+    },
+    /// Pod: its finalizer could not be released.
+    #[error(
+        "could not release the finalizer of Pod {pod}: {}",
+        reconcile::describe(source)
+    )]
+    ReleaseFinalizer {
+        pod: String,
+        #[source]
+        source: kube::Error,
+    },
+}
+
+impl reconcile::Failure for Error {
+    fn request(&self) -> &kube::Error {
+        match self {
+            Error::ReadFresh(source) | Error::WriteStatus(source) => source,
+            Error::CreatePod { source, .. } | Error::ReleaseFinalizer { source, .. } => source,
+        }
+    }
+}
+
 /// Reconciles one At: plan from the caches; if the plan writes anything, plan again from a fresh
 /// read of the At; write the status, publish the Events, then act on the pod.
 pub async fn reconcile(at: Arc<At>, ctx: Arc<Context>) -> Result<Action, Error> {
@@ -234,7 +271,10 @@ pub async fn reconcile(at: Arc<At>, ctx: Arc<Context>) -> Result<Action, Error> 
             let pod_name = pod.name_any();
             apply::apply_always(&pods, pod)
                 .await
-                .map_err(Error::apply_child::<Pod>(pod_name))?;
+                .map_err(|source| Error::CreatePod {
+                    pod: pod_name,
+                    source,
+                })?;
         }
         (PodAction::Release, Some(pod)) => release(&pods, &pod).await?,
         _ => {}

@@ -2,26 +2,25 @@
 //! what differs → write the status → publish the Events the change deserves.
 
 pub mod build;
+mod children;
 pub mod nginx;
 pub mod parents;
 pub mod settled;
 pub mod sources;
 pub mod status;
+mod written;
 
-use crate::api::CdnCluster;
-use crate::kubernetes::apply::{self, Change};
+use crate::api::{CdnCluster, CdnClusterStatus};
+use crate::kubernetes::apply;
 use crate::kubernetes::cache::{self, Arrivals, Scope, Watches};
 use crate::kubernetes::compact::Compact;
 use crate::kubernetes::events::Events;
 use crate::kubernetes::index::Versions;
-use crate::kubernetes::record::Record;
 use crate::kubernetes::records::Records;
 use crate::kubernetes::restricted::RunAs;
-use crate::reconcile::{self, Error, Shared};
+use crate::reconcile::{self, Shared};
 use crate::runtime::leader::Leadership;
-use build::{Children, MANAGED_BY, MANAGED_BY_LABEL};
-use futures::future::BoxFuture;
-use futures::FutureExt;
+use build::{MANAGED_BY, MANAGED_BY_LABEL};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -30,17 +29,18 @@ use kube::runtime::controller::{Action, Config, Controller};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Client, Resource, ResourceExt};
+use nginx::Upstream;
 use parents::{Parents, ParentsWatch};
-use serde::de::DeserializeOwned;
-use serde::Serialize;
 use settled::{Settled, VersionSet};
-use status::{ChildChange, Observed};
+use sources::Problem;
+use status::Observed;
 use std::cell::RefCell;
 use std::fmt::Debug;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
+use written::Written;
 
 /// The controller's name in metrics, logs and traces.
 pub const CONTROLLER: &str = "cdncluster";
@@ -146,8 +146,46 @@ impl cache::Cached for CdnCluster {
     const LABELS_READ: bool = false;
 }
 
-/// Reconciles one CdnCluster; ends at once when nothing it reads changed since its last
-/// successful reconcile ([`Settled`]).
+/// Errors of a CdnCluster's reconcile, by step. Each retries with backoff.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Apply: the API server refused a child.
+    #[error("could not apply {kind} {name}: {}", reconcile::describe(source))]
+    ApplyChild {
+        kind: String,
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    /// Status: the API server refused the status.
+    #[error("could not write the status: {}", reconcile::describe(.0))]
+    WriteStatus(#[source] kube::Error),
+}
+
+impl Error {
+    /// The error of a refused write of the child `K` named `name`, for `map_err`.
+    pub fn apply_child<K: Resource<DynamicType = ()>>(
+        name: String,
+    ) -> impl FnOnce(kube::Error) -> Error {
+        move |source| Error::ApplyChild {
+            kind: K::kind(&()).to_string(),
+            name,
+            source,
+        }
+    }
+}
+
+impl reconcile::Failure for Error {
+    fn request(&self) -> &kube::Error {
+        match self {
+            Error::ApplyChild { source, .. } | Error::WriteStatus(source) => source,
+        }
+    }
+}
+
+/// Reconciles one CdnCluster: dereference its sources → validate → build the children → apply
+/// what differs → write the status → publish the Events; ends at once when the versions it reads
+/// are those its last successful reconcile left ([`Settled`]).
 pub async fn reconcile(cluster: Arc<CdnCluster>, ctx: Arc<Context>) -> Result<Action, Error> {
     ctx.shared.ready.wait().await;
     let namespace = cluster.namespace().unwrap_or_default();
@@ -159,14 +197,79 @@ pub async fn reconcile(cluster: Arc<CdnCluster>, ctx: Arc<Context>) -> Result<Ac
     result
 }
 
-/// Dereference → validate → build → apply → status, unless [`Settled`] says the versions read
-/// are those the last successful reconcile left.
 async fn reconcile_unless_settled(
     cluster: &Arc<CdnCluster>,
     ctx: &Context,
     namespace: &str,
     name: &str,
 ) -> Result<Action, Error> {
+    let (resolved, versions) = dereference(cluster, ctx, namespace, name);
+    if ctx.settled.unchanged(namespace, name, &versions) {
+        tracing::debug!(%namespace, %name, "unchanged since its last reconcile");
+        return Ok(Action::await_change());
+    }
+    let mut written = Written::new(ctx.writes_visible_within, versions);
+    // Validate → build → apply: what the status is made from. A refused child fails the
+    // reconcile once the status says so.
+    let (deployment, refusal, failed);
+    let observed = match &resolved {
+        Err(problem) => {
+            let why = status::describe(problem);
+            tracing::info!(%namespace, %name, "CdnCluster {namespace}/{name} is not deployed: {why}");
+            failed = None;
+            Observed::Problem(problem)
+        }
+        Ok(upstreams) => {
+            let desired = build::children(cluster, upstreams, &ctx.shared.run_as);
+            match children::apply(ctx, namespace, desired, &mut written).await {
+                Ok(last_known) => {
+                    (deployment, failed) = (last_known, None);
+                    Observed::Deployed(deployment.as_ref())
+                }
+                // The namespace is being deleted, and the cluster with it: nothing to report.
+                Err(error) if reconcile::Failure::is_namespace_terminating(&error) => {
+                    return Err(error)
+                }
+                Err(error) => {
+                    refusal = status::Refusal::of(&error, namespace);
+                    failed = Some(error);
+                    Observed::Refused(&refusal)
+                }
+            }
+        }
+    };
+    let status = status::desired(cluster, observed, &Time(jiff::Timestamp::now()));
+    let notices = status::notices(cluster, &status, &observed, &written.changes);
+    if !write_status(ctx, cluster, &status, &mut written).await? {
+        // Deleted while queued: its children go with it by garbage collection.
+        tracing::debug!(%namespace, %name, "deleted before its status was written");
+        ctx.settled.forget(namespace, name);
+        return Ok(Action::await_change());
+    }
+    // The Events go out while the caches catch up with this reconcile's writes: neither waits
+    // for the other, and the reconcile holds its slot for one round trip less.
+    let publish = async {
+        for notice in notices {
+            ctx.shared.events.publish(cluster.as_ref(), notice).await;
+        }
+    };
+    let ((), versions) = futures::join!(publish, written.until_visible());
+    if let Some(error) = failed {
+        return Err(error);
+    }
+    ctx.shared.succeeded(cluster.as_ref());
+    ctx.settled.settled(namespace, name, &versions);
+    Ok(Action::await_change())
+}
+
+/// Dereference: the CdnCluster's sources resolved from the cache, and every resourceVersion the
+/// reconcile depends on (its own, the CdnClusters looked up, its children's).
+fn dereference(
+    cluster: &CdnCluster,
+    ctx: &Context,
+    namespace: &str,
+    name: &str,
+) -> (Result<Vec<Upstream>, Problem>, VersionSet) {
     let looked_up = RefCell::new(Vec::new());
     let lookup = |source: &str| {
         let found = ctx.clusters.get(&ObjectRef::new(source).within(namespace));
@@ -192,43 +295,21 @@ async fn reconcile_unless_settled(
     ] {
         versions.set_child(kind, cache.version(namespace, &child));
     }
-    if ctx.settled.unchanged(namespace, name, &versions) {
-        tracing::debug!(%namespace, %name, "unchanged since its last reconcile");
-        return Ok(Action::await_change());
-    }
-    let now = Time(jiff::Timestamp::now());
-    let mut written = Written::new(ctx.writes_visible_within, versions);
-    // What the status is made from; a refused child fails the reconcile once the status says so.
-    let (deployment, refusal, failed);
-    let observed = match &resolved {
-        Err(problem) => {
-            tracing::info!(%namespace, %name, ?problem, "not deploying");
-            failed = None;
-            Observed::Problem(problem)
-        }
-        Ok(upstreams) => {
-            let children = build::children(cluster, upstreams, &ctx.shared.run_as);
-            match apply_children(ctx, namespace, children, &mut written).await {
-                Ok(last_known) => {
-                    (deployment, failed) = (last_known, None);
-                    Observed::Deployed(deployment.as_ref())
-                }
-                // The namespace is being deleted, and the cluster with it: nothing to report.
-                Err(error) if error.is_namespace_terminating() => return Err(error),
-                Err(error) => {
-                    refusal = status::Refusal::of(&error, namespace);
-                    failed = Some(error);
-                    Observed::Refused(&refusal)
-                }
-            }
-        }
-    };
-    let status = status::desired(cluster, observed, &now);
-    let notices = status::notices(cluster, &status, &observed, &written.changes);
+    (resolved, versions)
+}
 
-    let api: Api<Compact<CdnCluster>> = Api::namespaced(ctx.shared.client.clone(), namespace);
+/// Status: applies `status` unless the cached CdnCluster holds it. Returns false when the
+/// CdnCluster is gone.
+async fn write_status(
+    ctx: &Context,
+    cluster: &CdnCluster,
+    status: &CdnClusterStatus,
+    written: &mut Written,
+) -> Result<bool, Error> {
+    let (namespace, name) = (cluster.namespace().unwrap_or_default(), cluster.name_any());
+    let api: Api<Compact<CdnCluster>> = Api::namespaced(ctx.shared.client.clone(), &namespace);
     let before = cluster.resource_version();
-    match apply::apply_status(&api, cluster.as_ref(), cluster.status.as_ref(), &status).await {
+    match apply::apply_status(&api, cluster, cluster.status.as_ref(), status).await {
         Ok(Some(applied)) => {
             // The answer's version is what this reconcile left only if it still holds the spec
             // reconciled: a spec changed meanwhile must be reconciled, not found settled.
@@ -238,235 +319,16 @@ async fn reconcile_unless_settled(
             written.wrote(
                 &ctx.clusters,
                 &ctx.cluster_arrivals,
-                (namespace, name),
+                (&namespace, &name),
                 before,
                 applied.resource_version(),
-            )
+            );
+            Ok(true)
         }
-        Ok(None) => {}
-        Err(error) if reconcile::is_not_found(&error) => {
-            // Deleted while queued: its children go with it by garbage collection.
-            tracing::debug!(%namespace, %name, "deleted before its status was written");
-            ctx.settled.forget(namespace, name);
-            return Ok(Action::await_change());
-        }
-        Err(error) => return Err(Error::WriteStatus(error)),
+        Ok(None) => Ok(true),
+        Err(error) if reconcile::is_not_found(&error) => Ok(false),
+        Err(error) => Err(Error::WriteStatus(error)),
     }
-    // The Events go out while the caches catch up with this reconcile's writes: neither waits
-    // for the other, and the reconcile holds its slot for one round trip less.
-    let publish = async {
-        for notice in notices {
-            ctx.shared.events.publish(cluster.as_ref(), notice).await;
-        }
-    };
-    let ((), versions) = futures::join!(publish, written.until_visible());
-    if let Some(error) = failed {
-        return Err(error);
-    }
-    ctx.shared.succeeded(cluster.as_ref());
-    ctx.settled.settled(namespace, name, &versions);
-    Ok(Action::await_change())
-}
-
-/// What a reconcile wrote: the children it changed (for the Events), for each write the wait (at
-/// most `within`) until the caches show it (futures do nothing until awaited), and the versions
-/// it read and left.
-struct Written {
-    changes: Vec<ChildChange>,
-    visible: Vec<BoxFuture<'static, ()>>,
-    within: Duration,
-    versions: VersionSet,
-}
-
-impl Written {
-    /// Nothing written yet, after reading `versions`.
-    fn new(within: Duration, versions: VersionSet) -> Self {
-        Written {
-            changes: Vec::new(),
-            visible: Vec::new(),
-            within,
-            versions,
-        }
-    }
-
-    /// Notes a write of `namespace/name`, cached in `cache` (whose waits are `arrivals`) at
-    /// version `before`, answered with `after`.
-    fn wrote<C: Versions>(
-        &mut self,
-        cache: &C,
-        arrivals: &Arrivals,
-        (namespace, name): (&str, &str),
-        before: Option<String>,
-        after: Option<String>,
-    ) {
-        let (store, arrivals, within) = (cache.clone(), arrivals.clone(), self.within);
-        let (namespace, name) = (namespace.to_string(), name.to_string());
-        self.visible.push(
-            async move {
-                let (namespace, name) = (namespace.as_str(), name.as_str());
-                cache::until_visible(&store, &arrivals, namespace, name, before, after, within)
-                    .await
-            }
-            .boxed(),
-        );
-    }
-
-    /// Waits until the caches hold what this reconcile wrote, so the reconciles its writes
-    /// trigger read them instead of writing them again; returns the versions it read and left.
-    async fn until_visible(self) -> VersionSet {
-        futures::future::join_all(self.visible).await;
-        self.versions
-    }
-
-    /// Records what [`apply_child`] did to a child cached in `cache`, and passes on its cached
-    /// copy and, if a request was sent, the server's answer.
-    fn child<K: Resource<DynamicType = ()>>(
-        &mut self,
-        cache: &Records,
-        namespace: &str,
-        (observed, applied): ChildApplied<K>,
-    ) -> (Option<Record>, Option<Compact<K>>) {
-        let Some((change, applied)) = applied else {
-            let version = observed.as_ref().map(|o| o.version.to_string());
-            self.versions.set_child(K::kind(&()), version);
-            return (observed, None);
-        };
-        self.versions
-            .set_child(K::kind(&()), applied.resource_version());
-        self.changes.push(ChildChange {
-            child: applied.object_ref(&()),
-            change,
-        });
-        let before = observed.as_ref().map(|o| o.version.to_string());
-        self.wrote(
-            cache,
-            cache.arrivals(),
-            (namespace, &applied.name_any()),
-            before,
-            applied.resource_version(),
-        );
-        (observed, Some(applied))
-    }
-}
-
-/// Applies the children whose cached copy is not what the operator applies: the ConfigMap before
-/// the Deployment, so a rollout starts from the new configuration, and the Service alongside the
-/// ConfigMap (nothing waits for it), which saves a round trip per reconcile. Returns the
-/// Deployment as last known; fails with the first child the server refuses (the Deployment is
-/// not applied after a refused ConfigMap or Service).
-async fn apply_children(
-    ctx: &Context,
-    namespace: &str,
-    children: Children,
-    written: &mut Written,
-) -> Result<Option<Deployment>, Error> {
-    let Children {
-        config_map,
-        deployment,
-        service,
-    } = children;
-    let (config_map, service) = futures::join!(
-        apply_child(ctx, namespace, &ctx.config_maps, config_map),
-        apply_service(ctx, namespace, service),
-    );
-    // Whatever was applied is recorded, even beside a refusal.
-    let config_map = config_map.map(|a| written.child(&ctx.config_maps, namespace, a));
-    let service = service.map(|a| written.child(&ctx.services, namespace, a));
-    config_map.and(service)?;
-    let name = deployment.name_any();
-    let deployment = apply_child(ctx, namespace, &ctx.deployments, deployment).await?;
-    let (observed, applied) = written.child(&ctx.deployments, namespace, deployment);
-    let last_known = applied.map(|a| a.record).or(observed);
-    Ok(last_known.and_then(|d| d.typed(&name).ok()))
-}
-
-/// Applies the Service, first deleting one whose address cannot become the desired one: a
-/// cache's Service made with an address (before caches had headless Services) or a headless one
-/// whose cluster turned balancer; a Service's `clusterIP` cannot change once set.
-async fn apply_service(
-    ctx: &Context,
-    namespace: &str,
-    desired: Service,
-) -> Result<ChildApplied<Service>, Error> {
-    let name = desired.name_any();
-    let observed = ctx.services.get(namespace, &name);
-    let headless = build::is_headless(&desired);
-    let Some(old) = observed
-        .as_ref()
-        .filter(|o| applied_headless(o) != headless)
-    else {
-        return apply_over(ctx, namespace, observed, desired).await;
-    };
-    tracing::info!(%namespace, %name, headless, "creating the Service again: its address cannot change");
-    let api: Api<Service> = Api::namespaced(ctx.shared.client.clone(), namespace);
-    apply::delete_at(&api, &name, &old.version)
-        .await
-        .map_err(Error::apply_child::<Service>(name))?;
-    apply_over(ctx, namespace, None, desired).await
-}
-
-/// Whether the operator made the cached Service `observed` headless: it owns its `clusterIP`,
-/// which it sets only to make a Service headless.
-fn applied_headless(observed: &Record) -> bool {
-    observed
-        .owned
-        .as_ref()
-        .is_some_and(|owned| owned.covers(&serde_json::json!({"spec": {"clusterIP": "None"}})))
-}
-
-/// What [`apply_child`] found and did: the child's cached copy, and the change and the server's
-/// answer (what the cache reads of it) if a request was sent.
-type ChildApplied<K> = (Option<Record>, Option<(Change, Compact<K>)>);
-
-/// A kind of child: namespaced, applied as JSON, read back.
-trait Child:
-    Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
-    + Clone
-    + Serialize
-    + DeserializeOwned
-    + Debug
-{
-}
-
-impl<K> Child for K where
-    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
-        + Clone
-        + Serialize
-        + DeserializeOwned
-        + Debug
-{
-}
-
-/// Applies one child if needed.
-async fn apply_child<K>(
-    ctx: &Context,
-    namespace: &str,
-    cache: &Records,
-    desired: K,
-) -> Result<ChildApplied<K>, Error>
-where
-    K: Child,
-{
-    let observed = cache.get(namespace, &desired.name_any());
-    apply_over(ctx, namespace, observed, desired).await
-}
-
-/// Applies one child if needed over `observed`, its cached copy (`None`: there is none).
-async fn apply_over<K>(
-    ctx: &Context,
-    namespace: &str,
-    observed: Option<Record>,
-    desired: K,
-) -> Result<ChildApplied<K>, Error>
-where
-    K: Child,
-{
-    let name = desired.name_any();
-    let api: Api<Compact<K>> = Api::namespaced(ctx.shared.client.clone(), namespace);
-    let applied = apply::apply(&api, desired, observed.as_ref())
-        .await
-        .map_err(Error::apply_child::<K>(name))?;
-    Ok((observed, applied))
 }
 
 #[cfg(test)]

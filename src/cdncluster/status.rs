@@ -1,11 +1,11 @@
 //! The status of a CdnCluster and the Events its changes deserve: pure.
 
 use super::sources::Problem;
+use super::Error;
 use crate::api::{CdnCluster, CdnClusterStatus, State};
 pub use crate::kubernetes::apply::Change;
 pub use crate::kubernetes::events::Notice;
 use crate::reconcile::conditions::{set_condition, ConditionStatus};
-use crate::reconcile::Error;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -43,7 +43,7 @@ impl Refusal {
     pub fn of(error: &Error, namespace: &str) -> Refusal {
         let (kind, name, source) = match error {
             Error::ApplyChild { kind, name, source } => (Some(kind), Some(name), Some(source)),
-            _ => (None, None, None),
+            Error::WriteStatus(_) => (None, None, None),
         };
         let (code, message) = match source {
             Some(source) => crate::reconcile::refusal(source),

@@ -1,5 +1,5 @@
-//! What every controller shares: the common part of its context, errors by step, backoff and the
-//! error policy. Domain-free.
+//! What every controller shares: the common part of its context, what its errors tell, backoff
+//! and the error policy. Domain-free.
 
 pub mod conditions;
 
@@ -46,63 +46,28 @@ pub trait Context: Send + Sync + 'static {
     fn shared(&self) -> &Shared;
 }
 
-/// The error policy of every controller: logs what failed and retries the object after its
-/// backoff.
-pub fn error_policy<K, C>(obj: Arc<K>, error: &Error, ctx: Arc<C>) -> Action
-where
-    K: Resource<DynamicType = ()>,
-    C: Context,
-{
-    ctx.shared().backoff.retry(&key(obj.as_ref()), error)
-}
-
-/// Errors of a reconcile, by the step that failed. Each retries with backoff.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error("could not apply {kind} {name}: {}", describe(source))]
-    ApplyChild {
-        kind: String,
-        name: String,
-        #[source]
-        source: kube::Error,
-    },
-    #[error("could not write the status: {}", describe(.0))]
-    WriteStatus(#[source] kube::Error),
-    #[error("could not read the object afresh before writing: {}", describe(.0))]
-    ReadFresh(#[source] kube::Error),
-    #[error("could not release the finalizer of Pod {pod}: {}", describe(source))]
-    ReleaseFinalizer {
-        pod: String,
-        #[source]
-        source: kube::Error,
-    },
-}
-
-impl Error {
-    /// The error of a refused write of the child `K` named `name`, for `map_err`.
-    pub fn apply_child<K: kube::Resource<DynamicType = ()>>(
-        name: String,
-    ) -> impl FnOnce(kube::Error) -> Error {
-        move |source| Error::ApplyChild {
-            kind: K::kind(&()).to_string(),
-            name,
-            source,
-        }
-    }
-
+/// What the shared error policy reads of a controller's error: the request that failed. Each
+/// controller has its own error enum, by step.
+pub trait Failure: std::error::Error + Send + Sync + 'static {
     /// The failed request's error.
-    fn source_error(&self) -> &kube::Error {
-        match self {
-            Error::ApplyChild { source, .. } | Error::ReleaseFinalizer { source, .. } => source,
-            Error::WriteStatus(source) | Error::ReadFresh(source) => source,
-        }
-    }
+    fn request(&self) -> &kube::Error;
 
     /// Whether the request was refused because the object's namespace is being deleted: the
     /// object goes with it, so nothing is retried or announced.
-    pub fn is_namespace_terminating(&self) -> bool {
-        is_namespace_terminating(self.source_error())
+    fn is_namespace_terminating(&self) -> bool {
+        is_namespace_terminating(self.request())
     }
+}
+
+/// The error policy of every controller: logs what failed and retries the object after its
+/// backoff.
+pub fn error_policy<K, C, E>(obj: Arc<K>, error: &E, ctx: Arc<C>) -> Action
+where
+    K: Resource<DynamicType = ()>,
+    C: Context,
+    E: Failure,
+{
+    ctx.shared().backoff.retry(&key(obj.as_ref()), error)
 }
 
 /// A failed request in one line: the server's message and code, or the client's error.
@@ -167,14 +132,14 @@ impl Backoff {
 
     /// Records a failure of `key`, logs it, and retries after its backoff; an object whose
     /// namespace is being deleted is left to go with it, quietly.
-    pub fn retry(&self, key: &str, error: &Error) -> Action {
+    pub fn retry(&self, key: &str, error: &impl Failure) -> Action {
         if error.is_namespace_terminating() {
             self.succeeded(key);
             tracing::debug!(%key, "its namespace is being deleted: not retried");
             return Action::await_change();
         }
         let delay = self.failed(key);
-        tracing::warn!(%key, %error, retry_in = ?delay, "reconcile failed");
+        tracing::warn!(object = %key, retry_in = ?delay, "{key}: {error}; retried in {delay:?}");
         Action::requeue(delay)
     }
 }

@@ -28,7 +28,7 @@ impl Glue {
     /// Wires one controller: readiness once its caches have listed, liveness while its loop
     /// runs, each reconcile instrumented, the shared error policy, graceful shutdown on the
     /// signal. Returns the loop, to be polled until the controller stops.
-    pub(super) fn controller<K, Ctx, Fut>(
+    pub(super) fn controller<K, Ctx, Fut, E>(
         &self,
         name: &'static str,
         controller: Controller<K>,
@@ -38,7 +38,8 @@ impl Glue {
     where
         K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
         Ctx: Context,
-        Fut: Future<Output = Result<Action, reconcile::Error>> + Send + 'static,
+        Fut: Future<Output = Result<Action, E>> + Send + 'static,
+        E: reconcile::Failure,
     {
         let ready = ctx.shared().ready.clone();
         self.health

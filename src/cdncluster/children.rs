@@ -1,0 +1,137 @@
+//! Apply: the children whose cached copy is not what the operator applies, through the one write
+//! path ([`crate::kubernetes::apply`]).
+
+use super::build::{self, Children};
+use super::written::Written;
+use super::{Context, Error};
+use crate::kubernetes::apply::{self, Change};
+use crate::kubernetes::compact::Compact;
+use crate::kubernetes::record::Record;
+use crate::kubernetes::records::Records;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Service;
+use kube::api::Api;
+use kube::{Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use std::fmt::Debug;
+
+/// Applies the children whose cached copy is not what the operator applies: the ConfigMap before
+/// the Deployment, so a rollout starts from the new configuration, and the Service alongside the
+/// ConfigMap (nothing waits for it), which saves a round trip per reconcile. Returns the
+/// Deployment as last known; fails with the first child the server refuses (the Deployment is
+/// not applied after a refused ConfigMap or Service).
+pub(super) async fn apply(
+    ctx: &Context,
+    namespace: &str,
+    children: Children,
+    written: &mut Written,
+) -> Result<Option<Deployment>, Error> {
+    let Children {
+        config_map,
+        deployment,
+        service,
+    } = children;
+    let (config_map, service) = futures::join!(
+        apply_child(ctx, namespace, &ctx.config_maps, config_map),
+        apply_service(ctx, namespace, service),
+    );
+    // Whatever was applied is recorded, even beside a refusal.
+    let config_map = config_map.map(|a| written.child(&ctx.config_maps, namespace, a));
+    let service = service.map(|a| written.child(&ctx.services, namespace, a));
+    config_map.and(service)?;
+    let name = deployment.name_any();
+    let deployment = apply_child(ctx, namespace, &ctx.deployments, deployment).await?;
+    let (observed, applied) = written.child(&ctx.deployments, namespace, deployment);
+    let last_known = applied.map(|a| a.record).or(observed);
+    Ok(last_known.and_then(|d| d.typed(&name).ok()))
+}
+
+/// Applies the Service, first deleting one whose address cannot become the desired one: a
+/// cache's Service made with an address (before caches had headless Services) or a headless one
+/// whose cluster turned balancer; a Service's `clusterIP` cannot change once set.
+async fn apply_service(
+    ctx: &Context,
+    namespace: &str,
+    desired: Service,
+) -> Result<ChildApplied<Service>, Error> {
+    let name = desired.name_any();
+    let observed = ctx.services.get(namespace, &name);
+    let headless = build::is_headless(&desired);
+    let Some(old) = observed
+        .as_ref()
+        .filter(|o| applied_headless(o) != headless)
+    else {
+        return apply_over(ctx, namespace, observed, desired).await;
+    };
+    tracing::info!(%namespace, %name, headless, "creating the Service again: its address cannot change");
+    let api: Api<Service> = Api::namespaced(ctx.shared.client.clone(), namespace);
+    apply::delete_at(&api, &name, &old.version)
+        .await
+        .map_err(Error::apply_child::<Service>(name))?;
+    apply_over(ctx, namespace, None, desired).await
+}
+
+/// Whether the operator made the cached Service `observed` headless: it owns its `clusterIP`,
+/// which it sets only to make a Service headless.
+fn applied_headless(observed: &Record) -> bool {
+    observed
+        .owned
+        .as_ref()
+        .is_some_and(|owned| owned.covers(&serde_json::json!({"spec": {"clusterIP": "None"}})))
+}
+
+/// What [`apply_child`] found and did: the child's cached copy, and the change and the server's
+/// answer (what the cache reads of it) if a request was sent.
+pub(super) type ChildApplied<K> = (Option<Record>, Option<(Change, Compact<K>)>);
+
+/// A kind of child: namespaced, applied as JSON, read back.
+trait Child:
+    Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+    + Clone
+    + Serialize
+    + DeserializeOwned
+    + Debug
+{
+}
+
+impl<K> Child for K where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + Serialize
+        + DeserializeOwned
+        + Debug
+{
+}
+
+/// Applies one child if needed.
+async fn apply_child<K>(
+    ctx: &Context,
+    namespace: &str,
+    cache: &Records,
+    desired: K,
+) -> Result<ChildApplied<K>, Error>
+where
+    K: Child,
+{
+    let observed = cache.get(namespace, &desired.name_any());
+    apply_over(ctx, namespace, observed, desired).await
+}
+
+/// Applies one child if needed over `observed`, its cached copy (`None`: there is none).
+async fn apply_over<K>(
+    ctx: &Context,
+    namespace: &str,
+    observed: Option<Record>,
+    desired: K,
+) -> Result<ChildApplied<K>, Error>
+where
+    K: Child,
+{
+    let name = desired.name_any();
+    let api: Api<Compact<K>> = Api::namespaced(ctx.shared.client.clone(), namespace);
+    let applied = apply::apply(&api, desired, observed.as_ref())
+        .await
+        .map_err(Error::apply_child::<K>(name))?;
+    Ok((observed, applied))
+}

@@ -1,0 +1,96 @@
+//! What a reconcile wrote: the children it changed (for the Events), the waits until the caches
+//! show its writes, and the resourceVersions it read and left (for [`super::settled`]).
+
+use super::children::ChildApplied;
+use super::settled::VersionSet;
+use super::status::ChildChange;
+use crate::kubernetes::cache::{self, Arrivals};
+use crate::kubernetes::compact::Compact;
+use crate::kubernetes::index::Versions;
+use crate::kubernetes::record::Record;
+use crate::kubernetes::records::Records;
+use futures::future::BoxFuture;
+use futures::FutureExt;
+use kube::{Resource, ResourceExt};
+use std::time::Duration;
+
+/// What a reconcile wrote: the children it changed (for the Events), for each write the wait (at
+/// most `within`) until the caches show it (futures do nothing until awaited), and the versions
+/// it read and left.
+pub(super) struct Written {
+    pub(super) changes: Vec<ChildChange>,
+    visible: Vec<BoxFuture<'static, ()>>,
+    within: Duration,
+    pub(super) versions: VersionSet,
+}
+
+impl Written {
+    /// Nothing written yet, after reading `versions`.
+    pub(super) fn new(within: Duration, versions: VersionSet) -> Self {
+        Written {
+            changes: Vec::new(),
+            visible: Vec::new(),
+            within,
+            versions,
+        }
+    }
+
+    /// Notes a write of `namespace/name`, cached in `cache` (whose waits are `arrivals`) at
+    /// version `before`, answered with `after`.
+    pub(super) fn wrote<C: Versions>(
+        &mut self,
+        cache: &C,
+        arrivals: &Arrivals,
+        (namespace, name): (&str, &str),
+        before: Option<String>,
+        after: Option<String>,
+    ) {
+        let (store, arrivals, within) = (cache.clone(), arrivals.clone(), self.within);
+        let (namespace, name) = (namespace.to_string(), name.to_string());
+        self.visible.push(
+            async move {
+                let (namespace, name) = (namespace.as_str(), name.as_str());
+                cache::until_visible(&store, &arrivals, namespace, name, before, after, within)
+                    .await
+            }
+            .boxed(),
+        );
+    }
+
+    /// Waits until the caches hold what this reconcile wrote, so the reconciles its writes
+    /// trigger read them instead of writing them again; returns the versions it read and left.
+    pub(super) async fn until_visible(self) -> VersionSet {
+        futures::future::join_all(self.visible).await;
+        self.versions
+    }
+
+    /// Records what [`apply_child`] did to a child cached in `cache`, and passes on its cached
+    /// copy and, if a request was sent, the server's answer.
+    pub(super) fn child<K: Resource<DynamicType = ()>>(
+        &mut self,
+        cache: &Records,
+        namespace: &str,
+        (observed, applied): ChildApplied<K>,
+    ) -> (Option<Record>, Option<Compact<K>>) {
+        let Some((change, applied)) = applied else {
+            let version = observed.as_ref().map(|o| o.version.to_string());
+            self.versions.set_child(K::kind(&()), version);
+            return (observed, None);
+        };
+        self.versions
+            .set_child(K::kind(&()), applied.resource_version());
+        self.changes.push(ChildChange {
+            child: applied.object_ref(&()),
+            change,
+        });
+        let before = observed.as_ref().map(|o| o.version.to_string());
+        self.wrote(
+            cache,
+            cache.arrivals(),
+            (namespace, &applied.name_any()),
+            before,
+            applied.resource_version(),
+        );
+        (observed, Some(applied))
+    }
+}
