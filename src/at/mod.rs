@@ -21,7 +21,7 @@
 //! controller cannot reconcile an At that no longer exists.
 
 pub mod build;
-pub mod schedule;
+pub(crate) mod schedule;
 pub mod status;
 
 use crate::api::At;

@@ -3,11 +3,11 @@
 
 pub mod apply;
 pub mod cache;
-pub mod client;
+pub(crate) mod client;
 pub mod compact;
 pub mod events;
 pub mod fields;
 pub mod index;
 pub mod record;
 pub mod records;
-pub mod restricted;
+pub(crate) mod restricted;
