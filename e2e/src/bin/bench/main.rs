@@ -41,7 +41,7 @@ mod report;
 mod watch;
 mod workload;
 
-use baseline::run_baseline;
+use baseline::{run_baseline, Baseline};
 use cdn_operator::api::CdnCluster;
 use cdn_operator_e2e::canary::{Canary, Cost};
 use cdn_operator_e2e::proxy::{Counts, Proxy};
@@ -162,18 +162,8 @@ async fn run(client: &Client, args: &Args, names: &Names) -> Result<(), String> 
     if !watches.listed(Duration::from_secs(60)).await {
         return Err("the benchmark's watches did not list within 60s".into());
     }
-    let deletion_limit = Duration::from_secs(args.timeout_seconds);
-    let baseline_phase = (
-        names.baseline_namespaces.as_slice(),
-        names.base_label.as_str(),
-    );
     let first = if args.baseline_first {
-        let baseline = run_baseline(client, &proxy, &bare, baseline_phase, args).await;
-        eprintln!("bench: deleting the baseline's namespaces before the operator starts");
-        let (namespaces, label) = baseline_phase;
-        let what = "namespaces of the baseline";
-        delete_all(client, namespaces, label, what, deletion_limit).await?;
-        Some(baseline)
+        Some(baseline_before_the_operator(client, &proxy, &bare, names, args).await?)
     } else {
         None
     };
@@ -186,19 +176,9 @@ async fn run(client: &Client, args: &Args, names: &Names) -> Result<(), String> 
     let changes = spec_changes(client, &proxy, &watches, manifests, args.latency_samples).await;
     let (at_end, exit) = stop(operator).await;
 
-    // The baseline, unless it ran first: the same writes from one client, no operator running,
-    // on the server as the operator found it: the operator's objects are deleted first (kept
-    // with --keep), as they would weigh on the server the baseline measures.
     let baseline = match first {
         Some(baseline) => baseline,
-        None => {
-            if !args.keep {
-                eprintln!("bench: deleting the operator's namespaces before the baseline");
-                let what = "namespaces of the operator";
-                delete_all(client, &names.namespaces, &names.run, what, deletion_limit).await?;
-            }
-            run_baseline(client, &proxy, &bare, baseline_phase, args).await
-        }
+        None => baseline_after_the_operator(client, &proxy, &bare, names, args).await?,
     };
 
     let usages = Usages {
@@ -222,6 +202,46 @@ async fn run(client: &Client, args: &Args, names: &Names) -> Result<(), String> 
     report.print();
     report.write_json();
     Ok(())
+}
+
+/// `--baseline-first`: the baseline, then its namespaces deleted before the operator starts.
+async fn baseline_before_the_operator(
+    client: &Client,
+    proxy: &Proxy,
+    bare: &Client,
+    names: &Names,
+    args: &Args,
+) -> Result<Baseline, String> {
+    let (namespaces, label) = (&names.baseline_namespaces, &names.base_label);
+    let baseline = run_baseline(client, proxy, bare, (namespaces, label), args).await;
+    eprintln!("bench: deleting the baseline's namespaces before the operator starts");
+    let what = "namespaces of the baseline";
+    let limit = Duration::from_secs(args.timeout_seconds);
+    delete_all(client, namespaces, label, what, limit).await?;
+    Ok(baseline)
+}
+
+/// The baseline, unless it ran first: the same writes from one client, no operator running, on
+/// the server as the operator found it: the operator's objects are deleted first (kept with
+/// --keep), as they would weigh on the server the baseline measures.
+async fn baseline_after_the_operator(
+    client: &Client,
+    proxy: &Proxy,
+    bare: &Client,
+    names: &Names,
+    args: &Args,
+) -> Result<Baseline, String> {
+    if !args.keep {
+        eprintln!("bench: deleting the operator's namespaces before the baseline");
+        let what = "namespaces of the operator";
+        let limit = Duration::from_secs(args.timeout_seconds);
+        delete_all(client, &names.namespaces, &names.run, what, limit).await?;
+    }
+    let phase = (
+        names.baseline_namespaces.as_slice(),
+        names.base_label.as_str(),
+    );
+    Ok(run_baseline(client, proxy, bare, phase, args).await)
 }
 
 /// A client whose requests go through `proxy` (its kubeconfig written in `dir`).
