@@ -5,10 +5,12 @@
 //!
 //! Measured:
 //! - time until every child is applied and every status written (from the first create);
-//! - API requests and writes per reconcile: every request of the operator passes the proxy,
-//!   counted by verb and resource; reconciles from its `controller_runtime_reconcile_total`;
-//! - writes during the steady state: the proxy's write count, and the resourceVersion changes of
-//!   the CdnClusters and children seen by watches (target 0);
+//! - API requests and writes per reconcile: the operator's requests by verb and resource as it
+//!   counts them itself (its `rest_client_requests_total`), whose writes must agree with the
+//!   count of the proxy every request passes (printed beside them; the run fails when they
+//!   differ); reconciles from its `controller_runtime_reconcile_total`;
+//! - writes during the steady state: the operator's and the proxy's write counts, and the
+//!   resourceVersion changes of the CdnClusters and children seen by watches (target 0);
 //! - latency from a spec change to the child updated (the ConfigMap, seen by a watch): p50, p99,
 //!   the server's answers to the change and to the operator's writes meanwhile, and, for each
 //!   change, when the proxy forwarded the operator's ConfigMap apply and how long it took;
@@ -51,7 +53,7 @@ use cpu::{idle_cost, sample_cpu, ConvergenceCpu, Usages};
 use futures::StreamExt;
 use kube::{Client, Config};
 use latency::spec_changes;
-use metrics::Reconciles;
+use metrics::{writes_agree, Reconciles, Requests};
 use report::{Answers, Report};
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -152,6 +154,13 @@ async fn run(client: &Client, args: &Args, names: &Names) -> Result<(), String> 
     create_namespaces(client, &names.namespaces, &names.run).await;
     let ours: Arc<HashSet<String>> = Arc::new(names.namespaces.iter().cloned().collect());
     let dir = tempfile::tempdir().expect("temporary directory");
+    // The operator counts its requests itself (`rest_client_requests_total`), and the figures
+    // read their counts there; its requests still pass the counting proxy, for what the metric
+    // cannot tell: each write's answer time (the server's answers to the operator's writes while
+    // it converges and during the spec changes), when each write was forwarded (the path of a
+    // spec change to the operator's ConfigMap apply), when the operator went quiet (`settle`),
+    // the bare-client baseline's requests and answer times (no operator counts those), and the
+    // check that both counts of the operator's writes agree.
     let proxy = Proxy::start(client.clone())
         .await
         .expect("the counting proxy");
@@ -169,9 +178,12 @@ async fn run(client: &Client, args: &Args, names: &Names) -> Result<(), String> 
     };
 
     // The operator's phases.
-    let (operator, settled) = start_operator(&proxy, dir.path(), args).await;
+    let (operator, settled) = start_operator(&proxy, dir.path(), args).await?;
+    let before_operator = settled.before_operator.clone();
     let convergence = converge(client, &proxy, &watches, &operator, settled, names, args).await?;
-    let steady = observe_steady_state(&proxy, &watches, &operator, args.steady_seconds).await;
+    let seconds = args.steady_seconds;
+    let steady =
+        observe_steady_state(&proxy, &before_operator, &watches, &operator, seconds).await?;
     let manifests = &convergence.manifests;
     let changes = spec_changes(client, &proxy, &watches, manifests, args.latency_samples).await;
     let (at_end, exit) = stop(operator).await;
@@ -201,7 +213,18 @@ async fn run(client: &Client, args: &Args, names: &Names) -> Result<(), String> 
     };
     report.print();
     report.write_json();
-    Ok(())
+    writes_agree(&[
+        ("convergence", &convergence.requests),
+        ("steady state", &steady.requests),
+    ])
+}
+
+/// Says at once when the operator's and the proxy's counts of its writes in `phase` differ (the
+/// run fails at its end).
+fn warn_if_differ(phase: &str, requests: &Requests) {
+    for disagreement in requests.disagreements() {
+        eprintln!("bench: the write counts differ during {phase}: {disagreement}");
+    }
 }
 
 /// `--baseline-first`: the baseline, then its namespaces deleted before the operator starts.
@@ -262,14 +285,20 @@ async fn client_through(proxy: &Proxy, dir: &Path) -> Client {
 struct Settled {
     canary: Canary,
     idle: Option<Cost>,
-    requests: Counts,
+    /// The proxy's counts before the operator started.
+    before_operator: Counts,
+    requests: Requests,
     reconciles: Option<Reconciles>,
     usage: Option<Usage>,
     bench_usage: Option<Usage>,
 }
 
 /// Starts the operator, cluster-wide, its requests through `proxy`, and waits until it is quiet.
-async fn start_operator(proxy: &Proxy, dir: &Path, args: &Args) -> (Operator, Settled) {
+async fn start_operator(
+    proxy: &Proxy,
+    dir: &Path,
+    args: &Args,
+) -> Result<(Operator, Settled), String> {
     let options = OperatorOptions {
         namespace: None,
         lease: None,
@@ -280,19 +309,22 @@ async fn start_operator(proxy: &Proxy, dir: &Path, args: &Args) -> (Operator, Se
         )],
     };
     let canary = Canary::start();
+    let before_operator = proxy.counts();
     let operator = options.start("bench").await;
     settle(proxy, Duration::from_secs(2), Duration::from_secs(60)).await;
     // The canary's idle cost: the operator settled, nothing created yet.
     let idle = idle_cost(&canary).await;
+    let requests = Requests::take(proxy, &before_operator, &operator).await?;
     let settled = Settled {
         canary,
         idle,
-        requests: proxy.counts(),
+        before_operator,
+        requests,
         reconciles: Reconciles::of(&operator),
         usage: operator.usage(),
         bench_usage: Usages::myself(),
     };
-    (operator, settled)
+    Ok((operator, settled))
 }
 
 /// What the convergence measured: from the first create, when the creates were sent, every
@@ -306,7 +338,7 @@ struct Convergence {
     converged: Duration,
     cpu: ConvergenceCpu,
     operator_answers: Answers,
-    requests: Counts,
+    requests: Requests,
     reconciles: Option<Reconciles>,
     at_start: Option<Usage>,
     at_converged: Option<Usage>,
@@ -366,9 +398,12 @@ async fn converge(
     eprintln!("bench: converged in {converged:?}; waiting for the operator to go quiet");
     // Events follow the status write of each reconcile: count them too.
     settle(proxy, Duration::from_secs(5), Duration::from_secs(120)).await;
-    let requests = proxy.counts().since(&settled.requests);
     let at_converged = operator.usage();
     let bench_at_converged = Usages::myself();
+    let requests = Requests::take(proxy, &settled.before_operator, operator)
+        .await?
+        .since(&settled.requests);
+    warn_if_differ("the convergence", &requests);
     let reconciles = match (settled.reconciles, Reconciles::of(operator)) {
         (Some(before), Some(after)) => Some(after.since(before)),
         _ => None,
@@ -392,7 +427,7 @@ async fn converge(
 /// What the steady state measured: the operator's requests, the resourceVersion changes the
 /// benchmark's watches saw (any writer), the operator's use of the machine at its end.
 struct Steady {
-    requests: Counts,
+    requests: Requests,
     rv_changes: u64,
     usage: Option<Usage>,
 }
@@ -400,21 +435,26 @@ struct Steady {
 /// Watches the converged operator for `seconds`, changing nothing.
 async fn observe_steady_state(
     proxy: &Proxy,
+    before_operator: &Counts,
     watches: &Watches,
     operator: &Operator,
     seconds: u64,
-) -> Steady {
+) -> Result<Steady, String> {
     eprintln!("bench: observing the steady state for {seconds}s");
-    let steady_start = proxy.counts();
+    let steady_start = Requests::take(proxy, before_operator, operator).await?;
     let changes_before = watches.changes();
     tokio::time::sleep(Duration::from_secs(seconds)).await;
-    let requests = proxy.counts().since(&steady_start);
     let usage = operator.usage();
-    Steady {
+    let rv_changes = watches.changes() - changes_before;
+    let requests = Requests::take(proxy, before_operator, operator)
+        .await?
+        .since(&steady_start);
+    warn_if_differ("the steady state", &requests);
+    Ok(Steady {
         requests,
-        rv_changes: watches.changes() - changes_before,
+        rv_changes,
         usage,
-    }
+    })
 }
 
 /// Stops the operator: its use of the machine at the end, and its exit.

@@ -4,6 +4,7 @@
 use crate::baseline::Baseline;
 use crate::cpu::{Stretch, Usages, CPU_SAMPLE_EVERY};
 use crate::latency::SpecChanges;
+use crate::metrics::Requests;
 use crate::workload::GROUP;
 use crate::{Args, Convergence, Steady};
 use serde_json::json;
@@ -106,7 +107,8 @@ impl Report<'_> {
             self.baseline,
         );
         let n = args.clusters;
-        let convergence = &c.requests;
+        // The operator's own counts (checked against the proxy's, see `Requests`).
+        let convergence = &c.requests.operator;
         let reconciled = c.reconciles.map(|r| r.count);
         let (cpu_converge, cpu_steady, cpu_changes) = u.cpu_by_phase();
         let path = &l.path;
@@ -131,6 +133,11 @@ impl Report<'_> {
             convergence.writes()
         );
         println!(
+            "| API writes during convergence, counted by the operator (rest_client_requests_total) / by the proxy | {} / {} |",
+            convergence.writes(),
+            c.requests.proxy.writes()
+        );
+        println!(
             "| requests per reconcile | {} |",
             per_reconcile(per(convergence.requests(), reconciled))
         );
@@ -145,7 +152,12 @@ impl Report<'_> {
         println!(
             "| steady state ({} s): operator writes (proxy) | {} |",
             args.steady_seconds,
-            s.requests.writes()
+            s.requests.proxy.writes()
+        );
+        println!(
+            "| steady state: operator writes, counted by the operator (rest_client_requests_total) / by the proxy | {} / {} |",
+            s.requests.operator.writes(),
+            s.requests.proxy.writes()
         );
         println!("| steady state: resourceVersion changes seen (CdnClusters + children, any writer) | {} |", s.rv_changes);
         println!(
@@ -265,7 +277,7 @@ impl Report<'_> {
             "convergence requests by verb and resource: {:?}",
             convergence.0
         );
-        println!("steady-state requests: {:?}", s.requests.0);
+        println!("steady-state requests: {:?}", s.requests.operator.0);
     }
 
     /// The figures as JSON.
@@ -279,7 +291,8 @@ impl Report<'_> {
             self.baseline,
         );
         let n = args.clusters;
-        let convergence = &c.requests;
+        // The operator's own counts (checked against the proxy's, see `Requests`).
+        let convergence = &c.requests.operator;
         let reconciled = c.reconciles.map(|r| r.count);
         let (cpu_converge, cpu_steady, cpu_changes) = u.cpu_by_phase();
         let mut report = json!({
@@ -291,7 +304,7 @@ impl Report<'_> {
             "convergence_by_request": convergence.0,
             "requests_per_reconcile": per(convergence.requests(), reconciled),
             "writes_per_reconcile": per(convergence.writes(), reconciled),
-            "steady_seconds": args.steady_seconds, "steady_writes": s.requests.writes(), "steady_requests": s.requests.0,
+            "steady_seconds": args.steady_seconds, "steady_writes": s.requests.operator.writes(), "steady_requests": s.requests.operator.0,
             "steady_resource_version_changes": s.rv_changes,
             "spec_change_latency_ms": {"samples": l.latencies.len(), "p50": percentile(&l.latencies, 50.0), "p99": percentile(&l.latencies, 99.0),
                 "change_answer_p50": percentile(&l.change_answers, 50.0), "change_answer_p99": percentile(&l.change_answers, 99.0),
@@ -320,6 +333,11 @@ impl Report<'_> {
             .cpu
             .machine
             .map(|(l, a)| json!({"loads": l, "arithmetic": a})));
+        // The operator's writes as it counts them (which the figures above read) and as the
+        // proxy did: they must agree.
+        let both = |r: &Requests| json!({"operator_metric": r.operator.writes(), "proxy": r.proxy.writes()});
+        report["write_counts"] =
+            json!({"convergence": both(&c.requests), "steady": both(&s.requests)});
         report
     }
 
