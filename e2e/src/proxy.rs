@@ -1,6 +1,10 @@
-//! A counting proxy between the operator and the API server, for the benchmark: the operator
-//! exports no client request metrics, so every request it sends is counted here, by verb and
-//! resource, on its way through, and each write timed from its forwarding to the server's answer.
+//! A counting proxy between the operator and the API server, for the benchmark: every request it
+//! sends is counted here, by verb and resource, on its way through, and each write timed from its
+//! forwarding to the server's answer. The operator counts its requests itself too
+//! (`rest_client_requests_total`), which the benchmark reads and checks against this count; the
+//! proxy still gives what that metric does not: each write's answer time and when it was
+//! forwarded (the spec-change path), when the operator went quiet, and the counts and times of
+//! the bare-client baseline, which no operator counts.
 //! It listens on plain HTTP on loopback and forwards through a kube
 //! client holding the caller's credentials (the same client stack the operator uses), streaming
 //! responses so watches work unchanged.
@@ -38,6 +42,17 @@ impl Counts {
             .filter(|(key, _)| is_write(key))
             .map(|(_, n)| n)
             .sum()
+    }
+
+    /// The requests that change state alone, by verb and resource.
+    pub fn only_writes(&self) -> Counts {
+        Counts(
+            self.0
+                .iter()
+                .filter(|(key, _)| is_write(key))
+                .map(|(k, n)| (k.clone(), *n))
+                .collect(),
+        )
     }
 
     /// What happened between `before` and `self`.
@@ -287,6 +302,9 @@ mod tests {
             .collect(),
         );
         assert_eq!((counts.requests(), counts.writes()), (10, 5));
+        let writes = counts.only_writes();
+        let keys: Vec<&str> = writes.0.keys().map(String::as_str).collect();
+        assert_eq!(keys, ["create events", "patch configmaps"]);
         let before = Counts([("patch configmaps".to_string(), 1)].into_iter().collect());
         assert_eq!(counts.since(&before).0.get("patch configmaps"), Some(&2));
     }
