@@ -549,6 +549,8 @@ async fn a_spec_change_reaches_the_children() {
         c.take_writes(),
         [
             "patch ConfigMap lb-nginx",
+            // Three replicas: a drain may take one down at a time, not the cluster.
+            "patch PodDisruptionBudget lb",
             "patch Deployment lb-deployment",
             "status CdnCluster lb",
             "create Event",
@@ -1046,6 +1048,7 @@ async fn a_reconcile_finding_what_the_last_one_left_ends_at_once() {
     assert_eq!(
         c.take_writes(),
         [
+            "patch PodDisruptionBudget foo",
             "patch Deployment foo-deployment",
             "status CdnCluster foo",
             "create Event"
@@ -1103,4 +1106,144 @@ async fn a_failed_reconcile_is_not_settled() {
     c.reconcile_ok("foo").await;
     assert_eq!(c.settled.skipped(), 0);
     assert!(c.deployment("foo").await.is_some());
+}
+
+/// A cluster with more than one replica has a PodDisruptionBudget (at most one pod down by
+/// default), created without an Event as it grows; scaled down to one replica, the operator
+/// deletes it; nothing is written again after each change.
+#[tokio::test]
+async fn a_cluster_of_several_replicas_has_a_disruption_budget_until_it_has_one() {
+    use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+    use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+    let c = Cluster::new().await;
+    c.create("foo", Role::Cache, &[]).await;
+    c.reconcile_ok("foo").await;
+    let budgets = c.api::<PodDisruptionBudget>();
+    assert!(
+        budgets.get_opt("foo").await.unwrap().is_none(),
+        "one replica: none"
+    );
+    c.take_writes();
+
+    c.patch_spec("foo", json!({"replicas": 4})).await;
+    c.reconcile_ok("foo").await;
+    let writes = c.take_writes();
+    assert!(
+        writes.contains(&"patch PodDisruptionBudget foo".to_string()),
+        "{writes:?}"
+    );
+    let budget = budgets.get("foo").await.unwrap().spec.unwrap();
+    assert_eq!(budget.max_unavailable, Some(IntOrString::Int(1)));
+    assert_eq!(
+        budget.selector.unwrap().match_labels.unwrap(),
+        std::collections::BTreeMap::from([("deployment".into(), "foo-deployment".into())])
+    );
+    assert_eq!(
+        budget.unhealthy_pod_eviction_policy.as_deref(),
+        Some("AlwaysAllow")
+    );
+    let reasons: Vec<String> = c.events("foo").await.into_iter().map(|(r, _)| r).collect();
+    // The Deployment's new replica count is an update; the budget is new, not restored.
+    assert_eq!(
+        reasons,
+        ["DeploymentCreated", "ChildUpdated"],
+        "{reasons:?}"
+    );
+    c.reconcile_ok("foo").await;
+    assert_eq!(c.take_writes(), Vec::<String>::new());
+
+    c.patch_spec("foo", json!({"pods": {"maxUnavailable": "50%"}}))
+        .await;
+    c.reconcile_ok("foo").await;
+    assert_eq!(
+        budgets
+            .get("foo")
+            .await
+            .unwrap()
+            .spec
+            .unwrap()
+            .max_unavailable,
+        Some(IntOrString::String("50%".into()))
+    );
+    c.take_writes();
+
+    c.patch_spec("foo", json!({"replicas": 1})).await;
+    c.reconcile_ok("foo").await;
+    let writes = c.take_writes();
+    assert!(
+        writes.contains(&"delete poddisruptionbudgets foo".to_string()),
+        "{writes:?}"
+    );
+    assert!(budgets.get_opt("foo").await.unwrap().is_none());
+    c.reconcile_ok("foo").await;
+    assert_eq!(c.take_writes(), Vec::<String>::new(), "deleted once");
+}
+
+/// An Ingress exists while the balancer's spec asks for one, follows the spec, and is deleted
+/// once the spec drops it; nothing is written again after each change.
+#[tokio::test]
+async fn a_balancer_has_its_ingress_while_its_spec_asks_for_one() {
+    use k8s_openapi::api::networking::v1::Ingress;
+    let c = Cluster::new().await;
+    c.create("edge", Role::Balancer, &[]).await;
+    c.reconcile_ok("edge").await;
+    c.take_writes();
+    let ingresses = c.api::<Ingress>();
+    assert!(ingresses.get_opt("edge").await.unwrap().is_none());
+
+    c.patch_spec("edge", json!({"ingress": {"host": "cdn.example.com"}}))
+        .await;
+    c.reconcile_ok("edge").await;
+    assert_eq!(
+        c.take_writes(),
+        ["patch Ingress edge", "status CdnCluster edge"]
+    );
+    let rule = &ingresses
+        .get("edge")
+        .await
+        .unwrap()
+        .spec
+        .unwrap()
+        .rules
+        .unwrap()[0];
+    assert_eq!(rule.host.as_deref(), Some("cdn.example.com"));
+    let backend = rule.http.as_ref().unwrap().paths[0]
+        .backend
+        .service
+        .clone()
+        .unwrap();
+    assert_eq!(
+        (backend.name.as_str(), backend.port.unwrap().name.as_deref()),
+        ("edge", Some("http"))
+    );
+    c.reconcile_ok("edge").await;
+    assert_eq!(c.take_writes(), Vec::<String>::new());
+
+    c.patch_spec("edge", json!({"ingress": {"host": "live.example.com"}}))
+        .await;
+    c.reconcile_ok("edge").await;
+    assert!(c.take_writes().contains(&"patch Ingress edge".to_string()));
+
+    // Deleted by someone while the spec asks for it: restored, with a Warning.
+    ingresses.delete("edge", &Default::default()).await.unwrap();
+    c.take_writes();
+    c.reconcile_ok("edge").await;
+    assert_eq!(c.take_writes()[0], "patch Ingress edge");
+    let (reason, note) = c.events("edge").await.pop().unwrap();
+    assert_eq!(reason, "ChildRestored");
+    assert!(
+        note.starts_with("Ingress edge was deleted outside the operator"),
+        "{note}"
+    );
+
+    c.patch_spec("edge", json!({"ingress": null})).await;
+    c.reconcile_ok("edge").await;
+    let writes = c.take_writes();
+    assert!(
+        writes.contains(&"delete ingresses edge".to_string()),
+        "{writes:?}"
+    );
+    assert!(ingresses.get_opt("edge").await.unwrap().is_none());
+    c.reconcile_ok("edge").await;
+    assert_eq!(c.take_writes(), Vec::<String>::new(), "deleted once");
 }

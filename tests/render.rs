@@ -47,6 +47,34 @@ fn the_pool_example_renders_one_hashed_upstream_as_golden() {
     );
 }
 
+/// A balancer exposed to viewers and placed as production clusters are, and its cache pool of
+/// four: the Service's type, policy and annotations, the pods' placement, grace and stop delay,
+/// and a PodDisruptionBudget for each cluster of several replicas.
+#[test]
+fn the_production_example_renders_exposure_placement_and_budgets_as_golden() {
+    let production = golden::root().join("examples/production.yaml");
+    let run = cdn_operator(&["render", "-f", path(&production)], "");
+    assert_eq!((run.code, run.stderr.as_str()), (0, ""));
+    check("render-production.yaml", &run.stdout);
+    let budgets: Vec<&str> = run
+        .stdout
+        .split("\n---\n")
+        .filter(|d| d.contains("kind: PodDisruptionBudget"))
+        .collect();
+    assert_eq!(budgets.len(), 2, "one per cluster of several replicas");
+}
+
+/// A balancer behind an ingress controller: its Ingress, every path of the host to the Service's
+/// `http` port, with the TLS Secret and the annotations the spec gives.
+#[test]
+fn the_ingress_example_renders_an_ingress_as_golden() {
+    let example = golden::root().join("examples/ingress.yaml");
+    let run = cdn_operator(&["render", "-f", path(&example)], "");
+    assert_eq!((run.code, run.stderr.as_str()), (0, ""));
+    check("render-ingress.yaml", &run.stdout);
+    assert_eq!(run.stdout.matches("kind: Ingress").count(), 1);
+}
+
 /// `cdn-operator render … | head`: a reader gone before the output is written (its end of the
 /// pipe closed before the command starts, so every write fails) ends the output quietly, as
 /// with any Unix tool, for every command that prints.

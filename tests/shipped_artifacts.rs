@@ -210,6 +210,13 @@ fn expected_cluster_grants() -> BTreeSet<Grant> {
     // src/cdncluster/mod.rs apply_service: a Service whose clusterIP must change is created
     // again.
     g.insert(grant("", "services", "", "delete"));
+    // src/cdncluster/children.rs apply_budget: a cluster with more than one replica has a
+    // PodDisruptionBudget, deleted when it scales down to one.
+    for verb in ["list", "watch", "create", "patch", "delete"] {
+        g.insert(grant("policy", "poddisruptionbudgets", "", verb));
+        // The Ingress a balancer's spec asks for, deleted when it no longer does.
+        g.insert(grant("networking.k8s.io", "ingresses", "", verb));
+    }
     // src/at/mod.rs reads the At fresh before writing its status.
     g.insert(grant("cnat.programming-kubernetes.info", "ats", "", "get"));
     g.insert(grant("events.k8s.io", "events", "", "create"));

@@ -638,6 +638,39 @@ async fn bad_input_is_refused_by_the_api_server_with_a_clear_message() {
         "source without a name: {message}"
     );
 
+    // CEL: a cache's Service is headless, so only a balancer can be a load balancer.
+    let message = refused(
+        &env,
+        "exposed-cache",
+        json!({"role": "cache", "sources": [], "service": {"type": "LoadBalancer"}}),
+    )
+    .await;
+    assert!(
+        message.contains("only a balancer's Service can be a NodePort or LoadBalancer"),
+        "exposed cache: {message}"
+    );
+    let message = refused(
+        &env,
+        "local-cluster-ip",
+        json!({"role": "balancer", "sources": [], "service": {"externalTrafficPolicy": "Local"}}),
+    )
+    .await;
+    assert!(
+        message.contains("externalTrafficPolicy applies to a NodePort or LoadBalancer Service"),
+        "traffic policy without a node port: {message}"
+    );
+    let message = refused(
+        &env,
+        "zero-unavailable",
+        json!({"role": "cache", "sources": [], "pods": {"maxUnavailable": 0}}),
+    )
+    .await;
+    assert!(
+        message.contains("spec.pods.maxUnavailable")
+            && message.contains("must be at least 1, or a percentage from 1% to 100%"),
+        "maxUnavailable 0 would block every drain: {message}"
+    );
+
     // CEL on metadata.name: 53 characters would make a pod label of 64.
     let long = format!("a{}", "b".repeat(52));
     let message = refused(&env, &long, json!({"role": "cache", "sources": []})).await;
@@ -645,6 +678,138 @@ async fn bad_input_is_refused_by_the_api_server_with_a_clear_message() {
         message.contains("metadata.name must be at most 52 characters"),
         "long name: {message}"
     );
+}
+
+/// `kubectl scale` (the scale subresource) sets a CdnCluster's replicas, which reach its
+/// Deployment; with more than one replica a PodDisruptionBudget keeps a drain from emptying it,
+/// and it goes when the cluster is back to one. The status gives the selector an autoscaler reads
+/// the pods by.
+#[tokio::test]
+async fn a_cluster_scales_through_its_scale_subresource_with_a_disruption_budget() {
+    use k8s_openapi::api::autoscaling::v1::Scale;
+    use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+    use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+    let Some(mut env) = Env::new("scale").await else {
+        return;
+    };
+    env.start_operator().await;
+    env.create_cluster("foo", json!({"role": "cache", "sources": []}))
+        .await
+        .expect("foo");
+    wait_state(&env, "foo", DEPLOYED).await;
+    let clusters = env.api::<CdnCluster>();
+    let scale: Scale = eventually("the scale of foo with its selector", WAIT, || async {
+        clusters.get_scale("foo").await.ok().filter(|s| {
+            s.status
+                .as_ref()
+                .and_then(|s| s.selector.as_deref())
+                .is_some()
+        })
+    })
+    .await;
+    let status = scale.status.unwrap();
+    assert_eq!(
+        (status.replicas, status.selector.as_deref()),
+        (1, Some("deployment=foo-deployment"))
+    );
+
+    let patch = json!({"spec": {"replicas": 3}});
+    clusters
+        .patch_scale("foo", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("kubectl scale --replicas=3");
+    eventually("foo-deployment at 3 replicas", WAIT, || async {
+        get::<Deployment>(&env, "foo-deployment")
+            .await
+            .filter(|d| d.spec.as_ref().unwrap().replicas == Some(3))
+    })
+    .await;
+    let budget: PodDisruptionBudget =
+        eventually("foo's PodDisruptionBudget", WAIT, || get(&env, "foo")).await;
+    assert_eq!(budget.owner_references()[0].name, "foo");
+    let spec = budget.spec.unwrap();
+    assert_eq!(spec.max_unavailable, Some(IntOrString::Int(1)));
+    assert_eq!(
+        spec.selector.unwrap().match_labels.unwrap()["deployment"],
+        "foo-deployment"
+    );
+    eventually("the scale's status at 3", WAIT, || async {
+        let scale = clusters.get_scale("foo").await.ok()?;
+        (scale.status?.replicas == 3).then_some(())
+    })
+    .await;
+
+    let patch = json!({"spec": {"replicas": 1}});
+    clusters
+        .patch_scale("foo", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("kubectl scale --replicas=1");
+    eventually("foo's PodDisruptionBudget deleted", WAIT, || async {
+        get::<PodDisruptionBudget>(&env, "foo")
+            .await
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    let logs = env.logs();
+    assert!(!logs.contains("; retried in"), "{logs}");
+}
+
+/// A balancer exposed as a NodePort with `externalTrafficPolicy: Local` and a load balancer's
+/// annotations: the Service says so (the server allocates the node port); back to the default,
+/// it is a ClusterIP Service again, and annotations another manager added stay.
+#[tokio::test]
+async fn a_balancer_is_exposed_as_its_spec_says() {
+    let Some(mut env) = Env::new("exposed").await else {
+        return;
+    };
+    env.start_operator().await;
+    env.create_cluster(
+        "edge",
+        json!({"role": "balancer", "sources": [], "service": {
+            "type": "NodePort",
+            "externalTrafficPolicy": "Local",
+            "annotations": {"metallb.universe.tf/address-pool": "viewers"},
+        }}),
+    )
+    .await
+    .expect("edge");
+    wait_state(&env, "edge", DEPLOYED).await;
+    let service: Service = eventually("edge's NodePort Service", WAIT, || async {
+        get::<Service>(&env, "edge")
+            .await
+            .filter(|s| s.spec.as_ref().unwrap().type_.as_deref() == Some("NodePort"))
+    })
+    .await;
+    let spec = service.spec.as_ref().unwrap();
+    assert_eq!(spec.external_traffic_policy.as_deref(), Some("Local"));
+    assert!(spec.ports.as_ref().unwrap()[0].node_port.is_some());
+    assert_eq!(
+        service.annotations()["metallb.universe.tf/address-pool"],
+        "viewers"
+    );
+    // Another manager's annotation.
+    let patch = json!({"metadata": {"annotations": {"example.com/owner": "platform"}}});
+    env.api::<Service>()
+        .patch("edge", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("annotate");
+
+    let patch = json!({"spec": {"service": null}});
+    env.api::<CdnCluster>()
+        .patch("edge", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("unexpose");
+    let service: Service = eventually("edge's ClusterIP Service", WAIT, || async {
+        get::<Service>(&env, "edge")
+            .await
+            .filter(|s| s.spec.as_ref().unwrap().type_.as_deref() == Some("ClusterIP"))
+    })
+    .await;
+    assert!(!service
+        .annotations()
+        .contains_key("metallb.universe.tf/address-pool"));
+    assert_eq!(service.annotations()["example.com/owner"], "platform");
 }
 
 #[tokio::test]

@@ -1,10 +1,14 @@
 //! `cluster.anevia.com/v1` CdnCluster: a cluster of identically configured nginx instances.
 
 use super::Condition;
-use k8s_openapi::api::core::v1::ResourceRequirements;
+use k8s_openapi::api::core::v1::{
+    Affinity, ResourceRequirements, Toleration, TopologySpreadConstraint,
+};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 
 /// nginx's time syntax, as the CRD checks it: `30s`, `10m`, `1d`.
 const DURATION_PATTERN: &str = r"^[1-9][0-9]*(ms|s|m|h|d|w|M|y)?$";
@@ -24,12 +28,18 @@ pub const MAX_NAME_LEN: usize = 63 - "-deployment".len();
     doc = "A cluster of identically configured nginx instances (role balancer or cache) that fetch from their sources: other CdnClusters of the namespace, or origins.",
     namespaced,
     status = "CdnClusterStatus",
+    scale(
+        spec_replicas_path = ".spec.replicas",
+        status_replicas_path = ".status.replicas",
+        label_selector_path = ".status.selector"
+    ),
     printcolumn = r#"{"name":"Role","type":"string","jsonPath":".spec.role","description":"balancer or cache"}"#,
     printcolumn = r#"{"name":"State","type":"string","jsonPath":".status.state","description":"WaitingSource, Deploying, Running, Invalid or Error"}"#,
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.ready","description":"ready replicas / desired replicas"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [{"rule": "self.role == 'balancer' || !has(self.service) || !has(self.service.type) || self.service.type == 'ClusterIP'", "message": "only a balancer's Service can be a NodePort or LoadBalancer: a cache's Service is headless"}, {"rule": "self.role == 'balancer' || !has(self.ingress)", "message": "only a balancer can have an ingress: viewers reach the caches through it"}]))]
 pub struct CdnClusterSpec {
     /// What the instances do: `balancer` routes requests to its sources without caching; `cache`
     /// stores what it fetches and serves it again.
@@ -66,6 +76,21 @@ pub struct CdnClusterSpec {
     /// do not make an object different.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub http: Option<Box<HttpSpec>>,
+
+    /// How viewers reach the cluster: the type and annotations of its Service. Default: a
+    /// ClusterIP Service, reachable from inside the cluster only (headless for a `cache`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service: Option<Box<ServiceExposure>>,
+
+    /// An Ingress to the cluster's Service, for viewers who come through an ingress controller;
+    /// the operator owns it and deletes it when this is removed. Balancer only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ingress: Option<Box<IngressExposure>>,
+
+    /// How and where the pods run: placement, disruption budget, graceful stop. Default: spread
+    /// over nodes (and zones), at most one pod down at once in a drain, 60 s to finish a request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pods: Option<Box<Pods>>,
 }
 
 fn default_replicas() -> i32 {
@@ -83,6 +108,9 @@ impl CdnClusterSpec {
             resources: None,
             cache: None,
             http: None,
+            service: None,
+            ingress: None,
+            pods: None,
         }
     }
 }
@@ -324,6 +352,11 @@ pub struct CdnClusterStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ready: Option<String>,
 
+    /// The label selector of the cluster's pods, for the scale subresource (what a
+    /// HorizontalPodAutoscaler reads the pods' metrics by).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<String>,
+
     /// kstatus conditions: Ready, SourcesReady, Reconciling and Stalled.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
@@ -364,4 +397,140 @@ impl State {
         State::Invalid,
         State::Error,
     ];
+}
+
+/// The Service of a CdnCluster, as viewers reach it.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema, Default)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [{"rule": "!has(self.externalTrafficPolicy) || (has(self.type) && self.type != 'ClusterIP')", "message": "externalTrafficPolicy applies to a NodePort or LoadBalancer Service"}, {"rule": "!has(self.loadBalancerClass) || (has(self.type) && self.type == 'LoadBalancer')", "message": "loadBalancerClass applies to a LoadBalancer Service"}]))]
+pub struct ServiceExposure {
+    /// `ClusterIP` (default), `NodePort` or `LoadBalancer`; other than `ClusterIP` for a
+    /// `balancer` only (a cache's Service is headless: its parents reach each of its pods).
+    #[serde(default, rename = "type", skip_serializing_if = "Option::is_none")]
+    pub type_: Option<ServiceType>,
+
+    /// Annotations of the Service, for the load balancer that serves it (a cloud provider's,
+    /// MetalLB's). Only these are the operator's: annotations others add are left alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub annotations: Option<BTreeMap<String, String>>,
+
+    /// `Local` keeps the viewer's address (the balancer then sees it and passes it on in
+    /// `X-Forwarded-For`) and sends traffic only to nodes that run a pod of the cluster;
+    /// `Cluster` (Kubernetes' default) spreads over every node and hides the address.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub external_traffic_policy: Option<TrafficPolicy>,
+
+    /// The load balancer implementation to use, when the cluster has several.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub load_balancer_class: Option<String>,
+
+    /// Viewer address ranges allowed through the load balancer (CIDRs), where it supports it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    #[schemars(extend("items" = {"type": "string", "maxLength": 64, "x-kubernetes-validations": [{"rule": "isCIDR(self)", "message": "must be a CIDR range"}]}))]
+    pub load_balancer_source_ranges: Option<Vec<String>>,
+}
+
+/// An Ingress in front of a CdnCluster: every path of `host` to its Service.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct IngressExposure {
+    /// The host viewers ask for (`cdn.example.com`, or `*.example.com`).
+    #[schemars(length(min = 1, max = 253))]
+    #[schemars(regex(
+        pattern = r"^(\*\.)?[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+    ))]
+    pub host: String,
+
+    /// The IngressClass that serves it; the cluster's default class when left out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub class_name: Option<String>,
+
+    /// Annotations of the Ingress, for its controller (cert-manager's issuer, rate limits).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub annotations: Option<BTreeMap<String, String>>,
+
+    /// A `kubernetes.io/tls` Secret of the namespace holding the host's certificate: the ingress
+    /// controller then serves HTTPS for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub tls_secret_name: Option<String>,
+}
+
+/// The type of a CdnCluster's Service.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum ServiceType {
+    ClusterIP,
+    NodePort,
+    LoadBalancer,
+}
+
+impl ServiceType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ServiceType::ClusterIP => "ClusterIP",
+            ServiceType::NodePort => "NodePort",
+            ServiceType::LoadBalancer => "LoadBalancer",
+        }
+    }
+}
+
+/// Where the traffic of a node-facing Service goes.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum TrafficPolicy {
+    Cluster,
+    Local,
+}
+
+impl TrafficPolicy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TrafficPolicy::Cluster => "Cluster",
+            TrafficPolicy::Local => "Local",
+        }
+    }
+}
+
+/// How and where a CdnCluster's pods run: the placement fields as a pod spec has them, and how
+/// they stop.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct Pods {
+    /// Nodes must have these labels.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_selector: Option<BTreeMap<String, String>>,
+
+    /// Taints the pods tolerate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tolerations: Option<Vec<Toleration>>,
+
+    /// Node and pod affinity and anti-affinity.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub affinity: Option<Affinity>,
+
+    /// The PriorityClass of the pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub priority_class_name: Option<String>,
+
+    /// How the pods spread over topology domains. Default: at most one pod more on a node than on
+    /// another, and in a zone than in another, where the scheduler can (`ScheduleAnyway`); `[]`:
+    /// no spreading.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topology_spread_constraints: Option<Vec<TopologySpreadConstraint>>,
+
+    /// How many pods may be down at once in a voluntary disruption (a node drain) when the
+    /// cluster has more than one replica: a PodDisruptionBudget. A number or a percentage.
+    /// Default 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("x-kubernetes-validations" = [{"rule": "type(self) == int ? self >= 1 : self.matches('^([1-9][0-9]?|100)%$')", "message": "must be at least 1, or a percentage from 1% to 100%"}]))]
+    pub max_unavailable: Option<IntOrString>,
+
+    /// Seconds a pod told to stop has to finish the requests in flight (long downloads included)
+    /// before it is killed; it stops taking new connections first. Default 60.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 10, max = 86400))]
+    pub termination_grace_period_seconds: Option<i64>,
 }

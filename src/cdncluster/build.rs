@@ -7,12 +7,20 @@ use super::nginx::{
 use super::sources::SERVICE_PORT;
 use crate::api::{CdnCluster, Role};
 use crate::kubernetes::restricted::RunAs;
-use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
+use k8s_openapi::api::apps::v1::{
+    Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment,
+};
 use k8s_openapi::api::core::v1::{
     ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource,
-    HTTPGetAction, PodSpec, PodTemplateSpec, Probe, ResourceRequirements, Service, ServicePort,
-    ServiceSpec, Volume, VolumeMount,
+    HTTPGetAction, Lifecycle, LifecycleHandler, PodSpec, PodTemplateSpec, Probe,
+    ResourceRequirements, Service, ServicePort, ServiceSpec, SleepAction, TopologySpreadConstraint,
+    Volume, VolumeMount,
 };
+use k8s_openapi::api::networking::v1::{
+    HTTPIngressPath, HTTPIngressRuleValue, Ingress, IngressBackend, IngressRule,
+    IngressServiceBackend, IngressSpec, IngressTLS, ServiceBackendPort,
+};
+use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -99,12 +107,34 @@ pub fn service_name(cluster: &str) -> String {
     cluster.to_string()
 }
 
+/// The PodDisruptionBudget of a cluster carries the cluster's own name, as its Service.
+pub fn pod_disruption_budget_name(cluster: &str) -> String {
+    cluster.to_string()
+}
+
+/// The Ingress of a cluster carries the cluster's own name, as its Service.
+pub fn ingress_name(cluster: &str) -> String {
+    cluster.to_string()
+}
+
+/// How long a pod told to stop goes on serving before nginx stops taking new connections: longer
+/// than it takes the endpoints' removal to reach the kube-proxies and the balancers' DNS answers
+/// (nginx looks names up again every 5 s), so no new request meets a closed port.
+pub const STOP_DELAY_SECONDS: i64 = 5;
+
+/// The time a pod told to stop has to finish its requests in flight, unless the spec says.
+pub const DEFAULT_TERMINATION_GRACE_SECONDS: i64 = 60;
+
 /// Everything a CdnCluster owns.
 #[derive(Clone, Debug)]
 pub struct Children {
     pub config_map: ConfigMap,
     pub deployment: Deployment,
     pub service: Service,
+    /// With more than one replica only: a drain never takes the whole cluster down.
+    pub pod_disruption_budget: Option<PodDisruptionBudget>,
+    /// When the spec asks for one.
+    pub ingress: Option<Ingress>,
 }
 
 /// Builds the children of `cluster` whose sources resolved to `upstreams`, its pods running as
@@ -116,6 +146,8 @@ pub fn children(cluster: &CdnCluster, upstreams: &[Upstream], run_as: &RunAs) ->
         config_map: config_map(cluster, config),
         deployment: deployment(cluster, run_as),
         service: service(cluster, &name),
+        pod_disruption_budget: pod_disruption_budget(cluster),
+        ingress: ingress(cluster, &name),
     }
 }
 
@@ -214,24 +246,130 @@ fn config_map(cluster: &CdnCluster, config: String) -> ConfigMap {
     }
 }
 
+/// The labels that select the pods of the cluster `name` (the seed's).
+pub fn pod_selector(name: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([(POD_LABEL.to_string(), deployment_name(name))])
+}
+
+/// [`pod_selector`] as a label selector string, as the scale subresource gives it.
+pub fn pod_selector_string(name: &str) -> String {
+    format!("{POD_LABEL}={}", deployment_name(name))
+}
+
+/// With more than one replica, a PodDisruptionBudget: at most `maxUnavailable` pods (1 by
+/// default) down at once by eviction, so a node drain never empties the cluster. Pods that are
+/// not ready may always be evicted: a crash-looping pod never blocks a drain.
+fn pod_disruption_budget(cluster: &CdnCluster) -> Option<PodDisruptionBudget> {
+    if cluster.spec.replicas <= 1 {
+        return None;
+    }
+    let name = cluster.name_any();
+    Some(PodDisruptionBudget {
+        metadata: metadata(cluster, pod_disruption_budget_name(&name)),
+        spec: Some(PodDisruptionBudgetSpec {
+            max_unavailable: Some(
+                cluster
+                    .spec
+                    .pods
+                    .as_deref()
+                    .and_then(|pods| pods.max_unavailable.clone())
+                    .unwrap_or(IntOrString::Int(1)),
+            ),
+            selector: Some(LabelSelector {
+                match_labels: Some(pod_selector(&name)),
+                ..LabelSelector::default()
+            }),
+            unhealthy_pod_eviction_policy: Some("AlwaysAllow".into()),
+            ..PodDisruptionBudgetSpec::default()
+        }),
+        ..PodDisruptionBudget::default()
+    })
+}
+
+/// The Ingress the spec asks for: every path of its host to the cluster's Service.
+fn ingress(cluster: &CdnCluster, name: &str) -> Option<Ingress> {
+    let exposure = cluster.spec.ingress.as_deref()?.clone();
+    let mut metadata = metadata(cluster, ingress_name(name));
+    metadata.annotations = exposure.annotations;
+    let backend = IngressBackend {
+        service: Some(IngressServiceBackend {
+            name: service_name(name),
+            port: Some(ServiceBackendPort {
+                name: Some(SERVICE_PORT_NAME.into()),
+                ..ServiceBackendPort::default()
+            }),
+        }),
+        ..IngressBackend::default()
+    };
+    Some(Ingress {
+        metadata,
+        spec: Some(IngressSpec {
+            ingress_class_name: exposure.class_name,
+            rules: Some(vec![IngressRule {
+                host: Some(exposure.host.clone()),
+                http: Some(HTTPIngressRuleValue {
+                    paths: vec![HTTPIngressPath {
+                        path: Some("/".into()),
+                        path_type: "Prefix".into(),
+                        backend,
+                    }],
+                }),
+            }]),
+            tls: exposure.tls_secret_name.map(|secret| {
+                vec![IngressTLS {
+                    hosts: Some(vec![exposure.host]),
+                    secret_name: Some(secret),
+                }]
+            }),
+            ..IngressSpec::default()
+        }),
+        ..Ingress::default()
+    })
+}
+
+/// The default spread of a cluster's pods: at most one more on a node than on another, and in a
+/// zone than in another, as far as the scheduler can (never a reason to leave a pod pending).
+/// Counted within one revision of the Deployment, so a rollout's new pods spread too.
+fn default_spread(name: &str) -> Vec<TopologySpreadConstraint> {
+    ["kubernetes.io/hostname", "topology.kubernetes.io/zone"]
+        .into_iter()
+        .map(|key| TopologySpreadConstraint {
+            max_skew: 1,
+            topology_key: key.into(),
+            when_unsatisfiable: "ScheduleAnyway".into(),
+            label_selector: Some(LabelSelector {
+                match_labels: Some(pod_selector(name)),
+                ..LabelSelector::default()
+            }),
+            match_label_keys: Some(vec!["pod-template-hash".into()]),
+            ..TopologySpreadConstraint::default()
+        })
+        .collect()
+}
+
 /// Whether `service` is headless (no address of its own).
 pub fn is_headless(service: &Service) -> bool {
     service.spec.as_ref().and_then(|s| s.cluster_ip.as_deref()) == Some("None")
 }
 
 fn service(cluster: &CdnCluster, name: &str) -> Service {
+    let exposure = cluster.spec.service.as_deref().cloned().unwrap_or_default();
+    let mut metadata = metadata(cluster, service_name(name));
+    metadata.annotations = exposure.annotations;
     Service {
-        metadata: metadata(cluster, service_name(name)),
+        metadata,
         spec: Some(ServiceSpec {
+            // Set only when asked, so an unexposed cluster's Service is the same as before.
+            type_: exposure.type_.map(|t| t.as_str().into()),
+            external_traffic_policy: exposure.external_traffic_policy.map(|p| p.as_str().into()),
+            load_balancer_class: exposure.load_balancer_class,
+            load_balancer_source_ranges: exposure.load_balancer_source_ranges,
             // A cache's Service is headless: the cluster DNS then names each ready pod (an SRV
             // record per pod of the port), and the parents' hash ring has a member per pod, so
             // each object is fetched once per cache cluster, not once per pod. A balancer's keeps
             // its address for the clients in front of it.
             cluster_ip: (cluster.spec.role == Role::Cache).then(|| "None".into()),
-            selector: Some(BTreeMap::from([(
-                POD_LABEL.to_string(),
-                deployment_name(name),
-            )])),
+            selector: Some(pod_selector(name)),
             ports: Some(vec![ServicePort {
                 name: Some(SERVICE_PORT_NAME.into()),
                 port: SERVICE_PORT,
@@ -296,7 +434,8 @@ fn resources(cluster: &CdnCluster, cache_volume: Option<&Quantity>) -> ResourceR
 fn deployment(cluster: &CdnCluster, run_as: &RunAs) -> Deployment {
     let name = cluster.name_any();
     let deployment_name = deployment_name(&name);
-    let selector = BTreeMap::from([(POD_LABEL.to_string(), deployment_name.clone())]);
+    let selector = pod_selector(&name);
+    let pods = cluster.spec.pods.as_deref().cloned().unwrap_or_default();
     let mut pod_labels = labels(cluster);
     pod_labels.extend(selector.clone());
 
@@ -378,6 +517,17 @@ fn deployment(cluster: &CdnCluster, run_as: &RunAs) -> Deployment {
         readiness_probe: Some(probe(0)),
         liveness_probe: Some(probe(5)),
         resources: Some(resources(cluster, cache_volume.as_ref())),
+        // Told to stop, the pod goes on serving while it leaves the endpoints, then nginx stops
+        // taking connections and finishes those in flight (the entrypoint's graceful quit).
+        lifecycle: Some(Lifecycle {
+            pre_stop: Some(LifecycleHandler {
+                sleep: Some(SleepAction {
+                    seconds: STOP_DELAY_SECONDS,
+                }),
+                ..LifecycleHandler::default()
+            }),
+            ..Lifecycle::default()
+        }),
         security_context: Some(crate::kubernetes::restricted::container()),
         volume_mounts: Some(mounts),
         ..Container::default()
@@ -391,6 +541,15 @@ fn deployment(cluster: &CdnCluster, run_as: &RunAs) -> Deployment {
                 match_labels: Some(selector),
                 ..LabelSelector::default()
             },
+            // A rollout never lowers the cluster's capacity: a new pod is ready before an old one
+            // stops.
+            strategy: Some(DeploymentStrategy {
+                type_: Some("RollingUpdate".into()),
+                rolling_update: Some(RollingUpdateDeployment {
+                    max_unavailable: Some(IntOrString::Int(0)),
+                    max_surge: Some(IntOrString::String("25%".into())),
+                }),
+            }),
             template: PodTemplateSpec {
                 // No hash of the configuration: a new one is applied in place ([`ENTRYPOINT`]).
                 metadata: Some(ObjectMeta {
@@ -403,6 +562,19 @@ fn deployment(cluster: &CdnCluster, run_as: &RunAs) -> Deployment {
                     security_context: Some(crate::kubernetes::restricted::pod(run_as)),
                     containers: vec![container],
                     volumes: Some(volumes),
+                    termination_grace_period_seconds: Some(
+                        pods.termination_grace_period_seconds
+                            .unwrap_or(DEFAULT_TERMINATION_GRACE_SECONDS),
+                    ),
+                    node_selector: pods.node_selector,
+                    tolerations: pods.tolerations,
+                    affinity: pods.affinity,
+                    priority_class_name: pods.priority_class_name,
+                    topology_spread_constraints: Some(
+                        pods.topology_spread_constraints
+                            .unwrap_or_else(|| default_spread(&name)),
+                    )
+                    .filter(|constraints| !constraints.is_empty()),
                     ..PodSpec::default()
                 }),
             },

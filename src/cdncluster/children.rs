@@ -31,15 +31,27 @@ pub(super) async fn apply(
         config_map,
         deployment,
         service,
+        pod_disruption_budget,
+        ingress,
     } = children;
-    let (config_map, service) = futures::join!(
+    let cluster = service.name_any();
+    let (budget_name, ingress_name) = (
+        build::pod_disruption_budget_name(&cluster),
+        build::ingress_name(&cluster),
+    );
+    let (budgets, ingresses) = (&ctx.pod_disruption_budgets, &ctx.ingresses);
+    let (config_map, service, budget, ingress) = futures::join!(
         apply_child(ctx, namespace, &ctx.config_maps, config_map),
         apply_service(ctx, namespace, service),
+        apply_optional(ctx, namespace, budgets, &budget_name, pod_disruption_budget),
+        apply_optional(ctx, namespace, ingresses, &ingress_name, ingress),
     );
     // Whatever was applied is recorded, even beside a refusal.
     let config_map = config_map.map(|a| written.child(&ctx.config_maps, namespace, a));
     let service = service.map(|a| written.child(&ctx.services, namespace, a));
-    config_map.and(service)?;
+    let budget = budget.map(|b| b.record(written, budgets, (namespace, &budget_name)));
+    let ingress = ingress.map(|i| i.record(written, ingresses, (namespace, &ingress_name)));
+    config_map.and(service).and(budget).and(ingress)?;
     let name = deployment.name_any();
     let deployment = apply_child(ctx, namespace, &ctx.deployments, deployment).await?;
     let (observed, applied) = written.child(&ctx.deployments, namespace, deployment);
@@ -70,6 +82,50 @@ async fn apply_service(
         .await
         .map_err(Error::apply_child::<Service>(name))?;
     apply_over(ctx, namespace, None, desired).await
+}
+
+/// What became of a child a cluster has only in some cases (a PodDisruptionBudget, an Ingress).
+enum Optional<K> {
+    Applied(Box<ChildApplied<K>>),
+    /// Deleted at this cached version: the spec no longer asks for it.
+    Deleted(Record),
+    /// None wanted, none there.
+    None,
+}
+
+impl<K: Resource<DynamicType = ()>> Optional<K> {
+    /// Records what was done in `written`.
+    fn record(self, written: &mut Written, cache: &Records, (namespace, name): (&str, &str)) {
+        match self {
+            Optional::Applied(applied) => drop(written.child(cache, namespace, *applied)),
+            Optional::Deleted(before) => written.deleted::<K>(cache, (namespace, name), &before),
+            Optional::None => {}
+        }
+    }
+}
+
+/// Applies `desired`, or, when none is wanted, deletes the cluster's own `name` (at its cached
+/// version) if there is one.
+async fn apply_optional<K: Child>(
+    ctx: &Context,
+    namespace: &str,
+    cache: &Records,
+    name: &str,
+    desired: Option<K>,
+) -> Result<Optional<K>, Error> {
+    if let Some(desired) = desired {
+        let applied = apply_child(ctx, namespace, cache, desired).await?;
+        return Ok(Optional::Applied(Box::new(applied)));
+    }
+    let Some(old) = cache.get(namespace, name) else {
+        return Ok(Optional::None);
+    };
+    let api: Api<K> = Api::namespaced(ctx.shared.client.clone(), namespace);
+    apply::delete_at(&api, name, &old.version)
+        .await
+        .map_err(Error::apply_child::<K>(name.to_string()))?;
+    tracing::info!(%namespace, %name, kind = %K::kind(&()), "deleted: the spec no longer asks for it");
+    Ok(Optional::Deleted(old))
 }
 
 /// Whether the operator made the cached Service `observed` headless: it owns its `clusterIP`,

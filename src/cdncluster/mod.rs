@@ -23,6 +23,8 @@ use crate::runtime::leader::Leadership;
 use build::{MANAGED_BY, MANAGED_BY_LABEL};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Service};
+use k8s_openapi::api::networking::v1::Ingress;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::Api;
 use kube::runtime::controller::{Action, Config, Controller};
@@ -55,6 +57,8 @@ pub struct Context {
     pub deployments: Records,
     pub config_maps: Records,
     pub services: Records,
+    pub pod_disruption_budgets: Records,
+    pub ingresses: Records,
     /// How long a reconcile waits for its writes to reach the caches; zero where no watch fills
     /// them (tests that fill the caches by hand).
     pub writes_visible_within: Duration,
@@ -94,8 +98,16 @@ pub fn controller(
         scope.api::<Compact<ConfigMap>>(client.clone()),
         children.clone(),
     );
-    let (services, service_events) =
-        watches.cached_records(scope.api::<Compact<Service>>(client.clone()), children);
+    let (services, service_events) = watches.cached_records(
+        scope.api::<Compact<Service>>(client.clone()),
+        children.clone(),
+    );
+    let (pod_disruption_budgets, budget_events) = watches.cached_records(
+        scope.api::<Compact<PodDisruptionBudget>>(client.clone()),
+        children.clone(),
+    );
+    let (ingresses, ingress_events) =
+        watches.cached_records(scope.api::<Compact<Ingress>>(client.clone()), children);
 
     let (parents_tx, parents_rx) = mpsc::unbounded_channel();
     let cluster_arrivals = Arrivals::default();
@@ -118,6 +130,8 @@ pub fn controller(
         .owns_stream(deployment_events.touched_objects())
         .owns_stream(config_map_events.touched_objects())
         .owns_stream(service_events.touched_objects())
+        .owns_stream(budget_events.touched_objects())
+        .owns_stream(ingress_events.touched_objects())
         .reconcile_on(UnboundedReceiverStream::new(parents_rx))
         .reconcile_all_on(leadership.acquired())
         .reconcile_all_on(watches.relists.listed_again())
@@ -134,6 +148,8 @@ pub fn controller(
         deployments,
         config_maps,
         services,
+        pod_disruption_budgets,
+        ingresses,
         writes_visible_within: cache::WRITES_VISIBLE_WITHIN,
         settled,
         cluster_domain,
@@ -292,6 +308,16 @@ fn dereference(
             build::deployment_name(name),
         ),
         (Service::kind(&()), &ctx.services, build::service_name(name)),
+        (
+            PodDisruptionBudget::kind(&()),
+            &ctx.pod_disruption_budgets,
+            build::pod_disruption_budget_name(name),
+        ),
+        (
+            Ingress::kind(&()),
+            &ctx.ingresses,
+            build::ingress_name(name),
+        ),
     ] {
         versions.set_child(kind, cache.version(namespace, &child));
     }

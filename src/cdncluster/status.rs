@@ -183,6 +183,7 @@ pub fn desired(cluster: &CdnCluster, observed: Observed<'_>, now: &Time) -> CdnC
         }
     };
     status.state = Some(state);
+    status.selector = Some(super::build::pod_selector_string(&cluster.name_any()));
     status
 }
 
@@ -246,9 +247,18 @@ pub fn notices(
     // Children were applied before (a replica count is reported only then): a missing one was
     // deleted by someone, not yet to be created.
     let deployed_before = previous.replicas.is_some();
+    // A PodDisruptionBudget or an Ingress exists only when the spec asks: one created after a
+    // change of the spec is new; without one, it was deleted by someone.
+    let spec_unchanged = previous.observed_generation == cluster.metadata.generation;
     let mut out: Vec<Notice> = changes
         .iter()
-        .filter_map(|c| child_notice(c, deployed_before))
+        .filter_map(|c| {
+            let optional = matches!(
+                c.child.kind.as_deref(),
+                Some("PodDisruptionBudget" | "Ingress")
+            );
+            child_notice(c, deployed_before && (!optional || spec_unchanged))
+        })
         .collect();
     match (next.state, observed) {
         (Some(State::WaitingSource), _) => {

@@ -36,7 +36,7 @@ impl Written {
     }
 
     /// Notes a write of `namespace/name`, cached in `cache` (whose waits are `arrivals`) at
-    /// version `before`, answered with `after`.
+    /// version `before`, answered with `after` (`None`: deleted).
     pub(super) fn wrote<C: Versions>(
         &mut self,
         cache: &C,
@@ -62,6 +62,18 @@ impl Written {
     pub(super) async fn until_visible(self) -> VersionSet {
         futures::future::join_all(self.visible).await;
         self.versions
+    }
+
+    /// Records the deletion of the child `K` named `name`, cached in `cache` at `before`.
+    pub(super) fn deleted<K: Resource<DynamicType = ()>>(
+        &mut self,
+        cache: &Records,
+        (namespace, name): (&str, &str),
+        before: &Record,
+    ) {
+        self.versions.set_child(K::kind(&()), None);
+        let before = Some(before.version.to_string());
+        self.wrote(cache, cache.arrivals(), (namespace, name), before, None);
     }
 
     /// Records what [`apply_child`] did to a child cached in `cache`, and passes on its cached

@@ -105,6 +105,12 @@ impl Rendered {
             documents.push(to_yaml(&children.config_map));
             documents.push(to_yaml(&children.service));
             documents.push(to_yaml(&children.deployment));
+            if let Some(budget) = &children.pod_disruption_budget {
+                documents.push(to_yaml(budget));
+            }
+            if let Some(ingress) = &children.ingress {
+                documents.push(to_yaml(ingress));
+            }
         }
         documents.extend(self.pods.iter().map(to_yaml));
         documents.join("---\n")

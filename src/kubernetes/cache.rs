@@ -21,7 +21,8 @@ use tokio::sync::{watch, Notify};
 pub const WRITES_VISIBLE_WITHIN: Duration = Duration::from_secs(2);
 
 /// Waits, at most `within`, until `cache` holds the version of `namespace/name` a write answered
-/// with (`written`) or a later one (one other than `before`, the version cached before the write).
+/// with (`written`) or a later one (one other than `before`, the version cached before the write);
+/// after a deletion (`written: None`), until the cache no longer holds it.
 /// `arrivals` are those of `cache`: the watch filling it wakes this wait when that object changes.
 ///
 /// Why: a reconcile's own writes trigger the next one at once, and the watch may deliver them a
@@ -43,10 +44,10 @@ pub async fn until_visible<C: Versions>(
     }
     // Watched before the first look, so an event between the look and the wait is not missed.
     let arrival = arrivals.watch(namespace, name);
-    let caught_up = || {
-        cache.version(namespace, name).is_some_and(|version| {
-            Some(&version) == written.as_ref() || Some(&version) != before.as_ref()
-        })
+    let caught_up = || match cache.version(namespace, name) {
+        Some(version) => Some(&version) == written.as_ref() || Some(&version) != before.as_ref(),
+        // `written: None` is a deletion: done once the object is gone from the cache.
+        None => written.is_none(),
     };
     let _ = tokio::time::timeout(within, async {
         while !caught_up() {

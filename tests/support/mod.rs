@@ -60,6 +60,8 @@ pub struct Request {
     pub kind: String,
     /// The object's name: from the path, else from the body.
     pub name: String,
+    /// The resource of the path (`poddisruptionbudgets`).
+    pub resource: String,
     /// An Event's reason.
     pub reason: Option<String>,
 }
@@ -103,6 +105,7 @@ impl Request {
             verb,
             reason: (kind == "Event").then(|| field(&["reason"])),
             kind,
+            resource: rest.first().map_or_else(String::new, |r| r.to_string()),
             name: rest
                 .get(1)
                 .map_or_else(|| field(&["metadata", "name"]), |n| n.to_string()),
@@ -111,7 +114,7 @@ impl Request {
 
     /// Its line in the log of writes: `create Event`, `patch Deployment foo-deployment`,
     /// `status CdnCluster foo`, `update Kind`, `replace-status name` (`?`: a body naming no
-    /// kind); `None` for reads and deletions.
+    /// kind), `delete services foo` (a deletion names the resource); `None` for reads.
     pub fn entry(&self) -> Option<String> {
         let kind = if self.kind.is_empty() {
             "?"
@@ -125,6 +128,7 @@ impl Request {
             "patch_status" => Some(format!("status {kind} {name}")),
             "replace" => Some(format!("update {kind}")),
             "replace_status" => Some(format!("replace-status {name}")),
+            "delete" => Some(format!("delete {} {name}", self.resource)),
             _ => None,
         }
     }
@@ -360,6 +364,12 @@ impl FakeApi {
             deployments: self.records::<Deployment>().await,
             config_maps: self.records::<ConfigMap>().await,
             services: self.records::<Service>().await,
+            pod_disruption_budgets: self
+                .records::<k8s_openapi::api::policy::v1::PodDisruptionBudget>()
+                .await,
+            ingresses: self
+                .records::<k8s_openapi::api::networking::v1::Ingress>()
+                .await,
             // The caches are filled by hand before each reconcile: no watch to wait for.
             writes_visible_within: std::time::Duration::ZERO,
             settled,
