@@ -6,7 +6,6 @@
 
 use cdn_operator::api::{CdnCluster, CdnClusterSpec, Role, Source, State};
 use cdn_operator::cdncluster::parents::Parents;
-use cdn_operator::cdncluster::settled::Settled;
 use cdn_operator::cdncluster::{self, build, Context};
 use cdn_operator::kubernetes::events::{Events, Notice};
 use cdn_operator::reconcile;
@@ -33,8 +32,6 @@ struct Cluster {
     client: Client,
     /// One recorder for the whole test, as the operator has: it folds repeated Events.
     events: Events,
-    /// One memory of settled reconciles for the whole test, as the operator has.
-    settled: Settled,
 }
 
 impl Cluster {
@@ -43,7 +40,6 @@ impl Cluster {
         Cluster {
             client: fake.client.clone(),
             events: Events::new(fake.client.clone(), Some("test".into())),
-            settled: Settled::default(),
             fake,
         }
     }
@@ -158,9 +154,7 @@ impl Cluster {
 
     /// The controller's context with caches as fresh as the watches would make them.
     async fn context(&self) -> Arc<Context> {
-        self.fake
-            .context_settled(self.events.clone(), self.settled.clone())
-            .await
+        self.fake.context(self.events.clone()).await
     }
 
     async fn reconcile(&self, name: &str) -> Result<Action, cdn_operator::cdncluster::Error> {
@@ -1019,32 +1013,26 @@ async fn a_repeated_event_counts_in_its_series_and_another_note_is_a_new_event()
 }
 
 #[tokio::test]
-async fn a_reconcile_finding_what_the_last_one_left_ends_at_once() {
+async fn a_reconcile_finding_what_the_last_one_left_writes_nothing() {
     let c = Cluster::foo_behind_bar().await;
-    assert_eq!(c.settled.len(), 2);
-    assert_eq!(c.settled.skipped(), 0, "each wrote its children and status");
     c.take_writes();
 
     // The reconciles their own writes trigger find the caches at what they left.
     c.reconcile_ok("foo").await;
     c.reconcile_ok("bar").await;
-    assert_eq!(c.settled.skipped(), 2);
     assert_eq!(c.take_writes(), Vec::<String>::new());
 
     // Another manager's change to a child is read again (here it costs no write).
     c.annotate_deployment("foo").await;
     c.reconcile_ok("foo").await;
-    assert_eq!(c.settled.skipped(), 2, "a child changed: reconciled whole");
-    c.reconcile_ok("foo").await;
-    assert_eq!(c.settled.skipped(), 3);
+    assert_eq!(c.take_writes(), Vec::<String>::new());
 
-    // So is a change of a source: its parent reads it again.
+    // A change of a source: its parent reads it again, the source deploys it.
     c.patch_spec("foo", json!({"replicas": 2})).await;
     c.take_writes();
     c.reconcile_ok("bar").await;
-    assert_eq!(c.settled.skipped(), 3, "a source changed: reconciled whole");
+    assert_eq!(c.take_writes(), Vec::<String>::new());
     c.reconcile_ok("foo").await;
-    assert_eq!(c.settled.skipped(), 3, "its spec changed: reconciled whole");
     assert_eq!(
         c.take_writes(),
         [
@@ -1055,14 +1043,13 @@ async fn a_reconcile_finding_what_the_last_one_left_ends_at_once() {
         ]
     );
 
-    // A deleted child is re-created, even right after a settled reconcile.
+    // A deleted child is re-created, right after a reconcile that found nothing to do.
     c.reconcile_ok("foo").await;
-    assert_eq!(c.settled.skipped(), 4);
+    assert_eq!(c.take_writes(), Vec::<String>::new());
     c.delete_deployment("foo").await;
     c.take_writes();
     c.reconcile_ok("foo").await;
     assert!(c.deployment("foo").await.is_some());
-    assert_eq!(c.settled.skipped(), 4);
 }
 
 #[tokio::test]
@@ -1085,26 +1072,23 @@ async fn a_spec_changed_during_a_reconcile_is_reconciled_after_it() {
 
     // The change's own event triggers the next reconcile, which deploys it.
     c.reconcile_ok("foo").await;
-    assert_eq!(c.settled.skipped(), 0);
     assert_eq!(replicas(c.deployment("foo").await.unwrap()), Some(3));
+    c.take_writes();
     c.reconcile_ok("foo").await;
-    assert_eq!(c.settled.skipped(), 1);
+    assert_eq!(c.take_writes(), Vec::<String>::new());
 }
 
 #[tokio::test]
-async fn a_failed_reconcile_is_not_settled() {
+async fn a_failed_reconcile_is_retried_whole() {
     let c = Cluster::new().await;
     c.create("foo", Role::Cache, &[]).await;
     c.reconcile_ok("foo").await;
-    assert_eq!(c.settled.len(), 1);
     c.delete_deployment("foo").await;
     c.fake
         .refuse("patch Deployment", 500, "etcdserver: request timed out");
     assert!(c.reconcile("foo").await.is_err());
     c.fake.accept();
-    assert!(c.settled.is_empty(), "a failure leaves nothing settled");
     c.reconcile_ok("foo").await;
-    assert_eq!(c.settled.skipped(), 0);
     assert!(c.deployment("foo").await.is_some());
 }
 

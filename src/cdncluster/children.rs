@@ -98,7 +98,7 @@ impl<K: Resource<DynamicType = ()>> Optional<K> {
     fn record(self, written: &mut Written, cache: &Records, (namespace, name): (&str, &str)) {
         match self {
             Optional::Applied(applied) => drop(written.child(cache, namespace, *applied)),
-            Optional::Deleted(before) => written.deleted::<K>(cache, (namespace, name), &before),
+            Optional::Deleted(before) => written.deleted(cache, (namespace, name), &before),
             Optional::None => {}
         }
     }

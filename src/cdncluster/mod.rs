@@ -5,7 +5,6 @@ pub mod build;
 mod children;
 pub mod nginx;
 pub mod parents;
-pub mod settled;
 pub mod sources;
 pub mod status;
 mod written;
@@ -15,7 +14,6 @@ use crate::kubernetes::apply;
 use crate::kubernetes::cache::{self, Arrivals, Scope, Watches};
 use crate::kubernetes::compact::Compact;
 use crate::kubernetes::events::Events;
-use crate::kubernetes::index::Versions;
 use crate::kubernetes::records::Records;
 use crate::kubernetes::restricted::RunAs;
 use crate::reconcile::{self, Shared};
@@ -31,12 +29,8 @@ use kube::runtime::controller::{Action, Config, Controller};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Client, Resource, ResourceExt};
-use nginx::Upstream;
 use parents::{Parents, ParentsWatch};
-use settled::{Settled, VersionSet};
-use sources::Problem;
 use status::Observed;
-use std::cell::RefCell;
 use std::fmt::Debug;
 use std::sync::Arc;
 use std::time::Duration;
@@ -62,9 +56,6 @@ pub struct Context {
     /// How long a reconcile waits for its writes to reach the caches; zero where no watch fills
     /// them (tests that fill the caches by hand).
     pub writes_visible_within: Duration,
-    /// What each CdnCluster's last successful reconcile left: a reconcile finding the same ends
-    /// at once.
-    pub settled: Settled,
     /// The DNS domain of the cluster, in the names of the Services the CdnClusters' nginx looks up.
     pub cluster_domain: String,
 }
@@ -111,18 +102,14 @@ pub fn controller(
 
     let (parents_tx, parents_rx) = mpsc::unbounded_channel();
     let cluster_arrivals = Arrivals::default();
-    let settled = Settled::default();
     let (clusters, cluster_events) = watches.cached(
         scope.api::<CdnCluster>(client.clone()),
         watcher::Config::default(),
         &cluster_arrivals,
-        |cache| {
-            let parents = ParentsWatch {
-                index: Parents::default(),
-                cache: cache.clone(),
-                parents: parents_tx,
-            };
-            (parents, settled.clone())
+        |cache| ParentsWatch {
+            index: Parents::default(),
+            cache: cache.clone(),
+            parents: parents_tx,
         },
     );
 
@@ -151,7 +138,6 @@ pub fn controller(
         pod_disruption_budgets,
         ingresses,
         writes_visible_within: cache::WRITES_VISIBLE_WITHIN,
-        settled,
         cluster_domain,
     });
     (context, controller)
@@ -200,31 +186,15 @@ impl reconcile::Failure for Error {
 }
 
 /// Reconciles one CdnCluster: dereference its sources → validate → build the children → apply
-/// what differs → write the status → publish the Events; ends at once when the versions it reads
-/// are those its last successful reconcile left ([`Settled`]).
+/// what differs → write the status → publish the Events.
 pub async fn reconcile(cluster: Arc<CdnCluster>, ctx: Arc<Context>) -> Result<Action, Error> {
     ctx.shared.ready.wait().await;
     let namespace = cluster.namespace().unwrap_or_default();
     let name = cluster.name_any();
-    let result = reconcile_unless_settled(&cluster, &ctx, &namespace, &name).await;
-    if result.is_err() {
-        ctx.settled.forget(&namespace, &name);
-    }
-    result
-}
-
-async fn reconcile_unless_settled(
-    cluster: &Arc<CdnCluster>,
-    ctx: &Context,
-    namespace: &str,
-    name: &str,
-) -> Result<Action, Error> {
-    let (resolved, versions) = dereference(cluster, ctx, namespace, name);
-    if ctx.settled.unchanged(namespace, name, &versions) {
-        tracing::debug!(%namespace, %name, "unchanged since its last reconcile");
-        return Ok(Action::await_change());
-    }
-    let mut written = Written::new(ctx.writes_visible_within, versions);
+    // Dereference: the sources as the cache holds them.
+    let lookup = |source: &str| ctx.clusters.get(&ObjectRef::new(source).within(&namespace));
+    let resolved = sources::resolve(&cluster, lookup, &ctx.cluster_domain);
+    let mut written = Written::new(ctx.writes_visible_within);
     // Validate → build → apply: what the status is made from. A refused child fails the
     // reconcile once the status says so.
     let (deployment, refusal, failed);
@@ -236,8 +206,8 @@ async fn reconcile_unless_settled(
             Observed::Problem(problem)
         }
         Ok(upstreams) => {
-            let desired = build::children(cluster, upstreams, &ctx.shared.run_as);
-            match children::apply(ctx, namespace, desired, &mut written).await {
+            let desired = build::children(&cluster, upstreams, &ctx.shared.run_as);
+            match children::apply(&ctx, &namespace, desired, &mut written).await {
                 Ok(last_known) => {
                     (deployment, failed) = (last_known, None);
                     Observed::Deployed(deployment.as_ref())
@@ -247,19 +217,18 @@ async fn reconcile_unless_settled(
                     return Err(error)
                 }
                 Err(error) => {
-                    refusal = status::Refusal::of(&error, namespace);
+                    refusal = status::Refusal::of(&error, &namespace);
                     failed = Some(error);
                     Observed::Refused(&refusal)
                 }
             }
         }
     };
-    let status = status::desired(cluster, observed, &Time(jiff::Timestamp::now()));
-    let notices = status::notices(cluster, &status, &observed, &written.changes);
-    if !write_status(ctx, cluster, &status, &mut written).await? {
+    let status = status::desired(&cluster, observed, &Time(jiff::Timestamp::now()));
+    let notices = status::notices(&cluster, &status, &observed, &written.changes);
+    if !write_status(&ctx, &cluster, &status, &mut written).await? {
         // Deleted while queued: its children go with it by garbage collection.
         tracing::debug!(%namespace, %name, "deleted before its status was written");
-        ctx.settled.forget(namespace, name);
         return Ok(Action::await_change());
     }
     // The Events go out while the caches catch up with this reconcile's writes: neither waits
@@ -269,59 +238,12 @@ async fn reconcile_unless_settled(
             ctx.shared.events.publish(cluster.as_ref(), notice).await;
         }
     };
-    let ((), versions) = futures::join!(publish, written.until_visible());
+    futures::join!(publish, written.until_visible());
     if let Some(error) = failed {
         return Err(error);
     }
     ctx.shared.succeeded(cluster.as_ref());
-    ctx.settled.settled(namespace, name, &versions);
     Ok(Action::await_change())
-}
-
-/// Dereference: the CdnCluster's sources resolved from the cache, and every resourceVersion the
-/// reconcile depends on (its own, the CdnClusters looked up, its children's).
-fn dereference(
-    cluster: &CdnCluster,
-    ctx: &Context,
-    namespace: &str,
-    name: &str,
-) -> (Result<Vec<Upstream>, Problem>, VersionSet) {
-    let looked_up = RefCell::new(Vec::new());
-    let lookup = |source: &str| {
-        let found = ctx.clusters.get(&ObjectRef::new(source).within(namespace));
-        let version = found.as_ref().and_then(|c| c.resource_version());
-        looked_up.borrow_mut().push((source.to_string(), version));
-        found
-    };
-    let resolved = sources::resolve(cluster, lookup, &ctx.cluster_domain);
-    let mut versions = VersionSet::new(cluster.resource_version(), looked_up.into_inner());
-    // Kinds as `Written::child` names them, versions as the caches hold them.
-    for (kind, cache, child) in [
-        (
-            ConfigMap::kind(&()),
-            &ctx.config_maps,
-            build::config_map_name(name),
-        ),
-        (
-            Deployment::kind(&()),
-            &ctx.deployments,
-            build::deployment_name(name),
-        ),
-        (Service::kind(&()), &ctx.services, build::service_name(name)),
-        (
-            PodDisruptionBudget::kind(&()),
-            &ctx.pod_disruption_budgets,
-            build::pod_disruption_budget_name(name),
-        ),
-        (
-            Ingress::kind(&()),
-            &ctx.ingresses,
-            build::ingress_name(name),
-        ),
-    ] {
-        versions.set_child(kind, cache.version(namespace, &child));
-    }
-    (resolved, versions)
 }
 
 /// Status: applies `status` unless the cached CdnCluster holds it. Returns false when the
@@ -337,11 +259,6 @@ async fn write_status(
     let before = cluster.resource_version();
     match apply::apply_status(&api, cluster, cluster.status.as_ref(), status).await {
         Ok(Some(applied)) => {
-            // The answer's version is what this reconcile left only if it still holds the spec
-            // reconciled: a spec changed meanwhile must be reconciled, not found settled.
-            if applied.record.generation.map(|g| g.get()) == cluster.metadata.generation {
-                written.versions.set_cluster(applied.resource_version());
-            }
             written.wrote(
                 &ctx.clusters,
                 &ctx.cluster_arrivals,

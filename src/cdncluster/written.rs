@@ -1,8 +1,7 @@
-//! What a reconcile wrote: the children it changed (for the Events), the waits until the caches
-//! show its writes, and the resourceVersions it read and left (for [`super::settled`]).
+//! What a reconcile wrote: the children it changed (for the Events), and the waits until the
+//! caches show its writes.
 
 use super::children::ChildApplied;
-use super::settled::VersionSet;
 use super::status::ChildChange;
 use crate::kubernetes::cache::{self, Arrivals};
 use crate::kubernetes::compact::Compact;
@@ -14,24 +13,21 @@ use futures::FutureExt;
 use kube::{Resource, ResourceExt};
 use std::time::Duration;
 
-/// What a reconcile wrote: the children it changed (for the Events), for each write the wait (at
-/// most `within`) until the caches show it (futures do nothing until awaited), and the versions
-/// it read and left.
+/// What a reconcile wrote: the children it changed (for the Events), and for each write the wait
+/// (at most `within`) until the caches show it (futures do nothing until awaited).
 pub(super) struct Written {
     pub(super) changes: Vec<ChildChange>,
     visible: Vec<BoxFuture<'static, ()>>,
     within: Duration,
-    pub(super) versions: VersionSet,
 }
 
 impl Written {
-    /// Nothing written yet, after reading `versions`.
-    pub(super) fn new(within: Duration, versions: VersionSet) -> Self {
+    /// Nothing written yet.
+    pub(super) fn new(within: Duration) -> Self {
         Written {
             changes: Vec::new(),
             visible: Vec::new(),
             within,
-            versions,
         }
     }
 
@@ -58,20 +54,18 @@ impl Written {
     }
 
     /// Waits until the caches hold what this reconcile wrote, so the reconciles its writes
-    /// trigger read them instead of writing them again; returns the versions it read and left.
-    pub(super) async fn until_visible(self) -> VersionSet {
+    /// trigger read them instead of writing them again.
+    pub(super) async fn until_visible(self) {
         futures::future::join_all(self.visible).await;
-        self.versions
     }
 
-    /// Records the deletion of the child `K` named `name`, cached in `cache` at `before`.
-    pub(super) fn deleted<K: Resource<DynamicType = ()>>(
+    /// Records the deletion of the child `name`, cached in `cache` at `before`.
+    pub(super) fn deleted(
         &mut self,
         cache: &Records,
         (namespace, name): (&str, &str),
         before: &Record,
     ) {
-        self.versions.set_child(K::kind(&()), None);
         let before = Some(before.version.to_string());
         self.wrote(cache, cache.arrivals(), (namespace, name), before, None);
     }
@@ -85,12 +79,8 @@ impl Written {
         (observed, applied): ChildApplied<K>,
     ) -> (Option<Record>, Option<Compact<K>>) {
         let Some((change, applied)) = applied else {
-            let version = observed.as_ref().map(|o| o.version.to_string());
-            self.versions.set_child(K::kind(&()), version);
             return (observed, None);
         };
-        self.versions
-            .set_child(K::kind(&()), applied.resource_version());
         self.changes.push(ChildChange {
             child: applied.object_ref(&()),
             change,

@@ -10,7 +10,6 @@
 use cdn_operator::api::CdnCluster;
 use cdn_operator::at::Clock;
 use cdn_operator::cdncluster::nginx::SERVICE_PORT_NAME;
-use cdn_operator::cdncluster::settled::Settled;
 use cdn_operator::cdncluster::Context;
 use cdn_operator::kubernetes::cache::CachesReady;
 use cdn_operator::kubernetes::compact::Compact;
@@ -351,12 +350,6 @@ impl FakeApi {
 
     /// The controller's context, caches as fresh as the watches would make them.
     pub async fn context(&self, events: Events) -> Arc<Context> {
-        self.context_settled(events, Settled::default()).await
-    }
-
-    /// [`FakeApi::context`] remembering what earlier reconciles left in `settled`, as the
-    /// operator's one context does.
-    pub async fn context_settled(&self, events: Events, settled: Settled) -> Arc<Context> {
         Arc::new(Context {
             shared: Shared::new(self.client.clone(), events, CachesReady::already()),
             clusters: self.store().await,
@@ -372,7 +365,6 @@ impl FakeApi {
                 .await,
             // The caches are filled by hand before each reconcile: no watch to wait for.
             writes_visible_within: std::time::Duration::ZERO,
-            settled,
             cluster_domain: cdn_operator::cdncluster::sources::DEFAULT_CLUSTER_DOMAIN.into(),
         })
     }
