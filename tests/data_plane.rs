@@ -11,8 +11,10 @@ mod support;
 use cdn_operator::api::{CacheRule, CacheSpec, CdnCluster, CdnClusterSpec, HttpSpec, Role, Source};
 use cdn_operator::cdncluster::build::{self, CONFIG_KEY, ENTRYPOINT, ENTRYPOINT_KEY};
 use cdn_operator::cdncluster::nginx::{Paths, CACHE_STATUS_HEADER, UPSTREAM_HEADER};
-use cdn_operator_testkit::{request, settle, Nginx, Response, Sandbox};
+use cdn_operator_testkit::{request, settle, Nginx, Response, Sandbox, Signal, SIGQUIT, SIGTERM};
 use std::collections::BTreeSet;
+use std::io::{Read, Write};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use support::{nginx_config, wait_resolved, Names};
@@ -74,7 +76,8 @@ fn address(net: u8, name: &str) -> String {
 }
 
 /// The origin: files under `www` (a folder per Host under `www/sites`), 503 under /err/,
-/// `Cache-Control: no-cache` under /nocache/, the forwarded headers echoed under /echo/; its
+/// `Cache-Control: no-cache` under /nocache/, the forwarded headers echoed under /echo/, files
+/// under /slow/ sent at 256 KiB/s (nginx's `limit_rate`: each request's first second at once); its
 /// access log counts requests and body bytes, its stub_status (on port 81) connections.
 fn origin_config(dir: &Path, net: u8) -> String {
     let d = dir.display();
@@ -93,6 +96,7 @@ fn origin_config(dir: &Path, net: u8) -> String {
          \x20   location /err/ {{ return 503; }}\n\
          \x20   location /nocache/ {{ add_header Cache-Control no-cache; }}\n\
          \x20   location /echo/ {{ return 200 \"$http_x_forwarded_for|$http_x_forwarded_proto\"; }}\n\
+         \x20   location /slow/ {{ limit_rate 256k; }}\n\
          \x20 }}\n\
          \x20 server {{ listen {status}; access_log off; location / {{ stub_status; }} }}\n\
          }}\n"
@@ -673,6 +677,29 @@ impl ConfigVolume {
     }
 }
 
+/// A pod of a CdnCluster as Kubernetes runs it: its entrypoint from its ConfigMap `volume`
+/// (holding its configuration `conf`), mounted read-only at /etc/nginx/cdn, emptyDirs at /tmp
+/// and /var/cache/nginx, listening on `listen`; its standard error in `NAME.log`, its standard
+/// output (the access log) in `NAME.out`.
+fn run_pod(world: &World, name: &str, volume: &ConfigVolume, listen: &str, conf: &str) -> Nginx {
+    let pod = Sandbox::read_only_root()
+        .hosts(&world.names.hosts)
+        .resolv_conf(world.names.resolv_conf(world.path()))
+        .read_only(&volume.dir, build::CONFIG_DIR)
+        .empty_dir("/tmp")
+        .empty_dir("/var/cache/nginx");
+    let entrypoint = format!("{}/{ENTRYPOINT_KEY}", build::CONFIG_DIR);
+    let nginx = Nginx::spawn_logging(
+        name,
+        pod.command(&["/bin/sh", &entrypoint]),
+        &world.path().join(format!("{name}.log")),
+        &world.path().join(format!("{name}.out")),
+    );
+    nginx.wait_listening(listen, conf);
+    wait_resolved(listen, HOST.1);
+    nginx
+}
+
 #[test]
 fn a_configuration_change_is_applied_in_place_and_keeps_the_cache() {
     // The cache runs as its pod does: the entrypoint from its ConfigMap, mounted read-only at
@@ -689,21 +716,8 @@ fn a_configuration_change_is_applied_in_place_and_keeps_the_cache() {
         world.path().join("cm"),
         &[(CONFIG_KEY, &conf), (ENTRYPOINT_KEY, ENTRYPOINT)],
     );
-    let pod = Sandbox::read_only_root()
-        .hosts(&world.names.hosts)
-        .resolv_conf(world.names.resolv_conf(world.path()))
-        .read_only(&volume.dir, build::CONFIG_DIR)
-        .empty_dir("/tmp")
-        .empty_dir("/var/cache/nginx");
-    let entrypoint = format!("{}/{ENTRYPOINT_KEY}", build::CONFIG_DIR);
-    let nginx = Nginx::spawn(
-        "pod",
-        pod.command(&["/bin/sh", &entrypoint]),
-        &world.path().join("pod.log"),
-    );
-    nginx.wait_listening(listen, &conf);
+    let nginx = run_pod(&world, "pod", &volume, listen, &conf);
     world.running.push(("pod".into(), nginx));
-    wait_resolved(listen, HOST.1);
 
     let objects: Vec<String> = (0..50).map(|i| format!("/vod/{i}.ts")).collect();
     for o in &objects {
@@ -988,4 +1002,167 @@ fn the_pods_of_a_cache_cluster_form_one_ring() {
     );
     assert_eq!(fetched(&world), 90 + moved);
     assert_eq!(share(&now, "cache-a-2"), 0);
+}
+
+/// A download read as it arrives: its status, its body, when the server closed the connection.
+struct Download {
+    status: u16,
+    body: Vec<u8>,
+    ended: Instant,
+    /// How the connection ended, if not by the server closing it.
+    error: Option<std::io::Error>,
+}
+
+/// GET `path` from `addr` in HTTP/1.0 (the body ends with the connection), read as it arrives;
+/// `started` is told once the head and 64 KiB of the body are in.
+fn download(addr: &str, path: &str, started: std::sync::mpsc::Sender<()>) -> Download {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {}\r\n\r\n", HOST.1).unwrap();
+    let mut raw = Vec::new();
+    let mut buf = [0; 16 * 1024];
+    let mut error = None;
+    loop {
+        match stream.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => raw.extend_from_slice(&buf[..n]),
+            Err(e) => {
+                error = Some(e);
+                break;
+            }
+        }
+        if raw.len() > 64 * 1024 {
+            // Only the first is received; the others find the channel closed.
+            let _ = started.send(());
+        }
+    }
+    let ended = Instant::now();
+    let end = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .unwrap_or_else(|| panic!("no HTTP head in {} bytes ({error:?})", raw.len()));
+    let head = String::from_utf8_lossy(&raw[..end]);
+    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+    Download {
+        status,
+        body: raw[end + 4..].to_vec(),
+        ended,
+        error,
+    }
+}
+
+/// A pod of cache-a is told to stop with `signal` (what the kubelet sends a container: its
+/// image's STOPSIGNAL, else SIGTERM; after the preStop sleep, left out here) while a client
+/// downloads an object its origin sends over about 6 s. The download ends whole; the pod takes
+/// no new connection meanwhile, and exits, with status 0, once it has sent the last byte.
+fn a_pod_told_to_stop_during_a_download(net: u8, signal: Signal) {
+    let name = match signal {
+        SIGTERM => "SIGTERM",
+        SIGQUIT => "SIGQUIT",
+        _ => "a signal",
+    };
+    let world = World::start(net, topology(|_| {}));
+    // 1.5 MiB and a bit: two slices for the cache to fetch, the second after the signal.
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let object: Vec<u8> = (0..(3 << 19) + 12_345)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 32) as u8
+        })
+        .collect();
+    world.put("/slow/movie.mp4", &object);
+    let listen = format!("127.0.{net}.40:80");
+    let paths = Paths {
+        listen: listen.clone(),
+        ..Paths::default()
+    };
+    let conf = nginx_config(world.cluster("cache-a"), &world.clusters, &paths);
+    let volume = ConfigVolume::new(
+        world.path().join("cm"),
+        &[(CONFIG_KEY, &conf), (ENTRYPOINT_KEY, ENTRYPOINT)],
+    );
+    let mut pod = run_pod(&world, "pod", &volume, &listen, &conf);
+    let log = || std::fs::read_to_string(world.path().join("pod.log")).unwrap();
+
+    let (got, signalled, refused, exit, exited) = std::thread::scope(|s| {
+        let (started, start) = std::sync::mpsc::channel();
+        let client = s.spawn(|| download(&listen, "/slow/movie.mp4", started));
+        start
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the download did not start");
+        let signalled = Instant::now();
+        pod.signal(signal);
+        // A new connection is refused once nginx closed its listening socket.
+        let connect = || TcpStream::connect(&listen).map(drop).map_err(|e| e.kind());
+        let refusal = Err(std::io::ErrorKind::ConnectionRefused);
+        let seen = settle(
+            Duration::from_secs(2),
+            Duration::from_millis(10),
+            connect,
+            |seen| *seen == refusal,
+        );
+        assert_eq!(seen, refusal, "a new connection after {name}\n{}", log());
+        let refused = Instant::now();
+        let exit = pod.wait_exit(Duration::from_secs(20));
+        let exited = Instant::now();
+        (client.join().unwrap(), signalled, refused, exit, exited)
+    });
+    let log = log();
+    let since = |t: Instant| t.duration_since(signalled);
+    let timeline = format!(
+        "after {name}: refused {:?}, download ended {:?}, pod exited {:?} ({exit:?})\n{log}",
+        since(refused),
+        since(got.ended),
+        since(exited),
+    );
+
+    // The download ends whole, by the pod closing the connection after its last byte.
+    assert!(got.error.is_none(), "{:?}: {timeline}", got.error);
+    assert_eq!(got.status, 200, "{timeline}");
+    assert_eq!(got.body.len(), object.len(), "{timeline}");
+    assert!(got.body == object, "another body: {timeline}");
+    // It was in flight: nginx had yet to fetch and send most of it.
+    assert!(
+        since(got.ended) > Duration::from_secs(2),
+        "the download ended too soon for the test: {timeline}"
+    );
+    // No new connection while it went on.
+    assert!(refused < got.ended, "{timeline}");
+    // The pod ended after it, not before (the client reads on at once: a scheduling delay at
+    // most), and promptly.
+    assert_eq!(exit.and_then(|e| e.code()), Some(0), "{timeline}");
+    assert!(
+        exited + Duration::from_millis(200) > got.ended,
+        "{timeline}"
+    );
+    assert!(
+        exited < got.ended + Duration::from_secs(2),
+        "the pod lingered: {timeline}"
+    );
+    // nginx was told to quit gracefully (SIGQUIT, from the entrypoint), not to stop at once
+    // (SIGTERM, SIGINT), and says so.
+    assert!(log.contains("signal 3 (SIGQUIT) received"), "{timeline}");
+    assert!(log.contains("gracefully shutting down"), "{timeline}");
+    assert!(
+        !log.contains("signal 15 (SIGTERM) received") && !log.contains("signal 2 (SIGINT)"),
+        "{timeline}"
+    );
+    // And logged the download as served whole (the access log, on standard output).
+    let access = std::fs::read_to_string(world.path().join("pod.out")).unwrap();
+    let line = format!("\"GET /slow/movie.mp4 HTTP/1.0\" 200 {} ", object.len());
+    assert!(access.contains(&line), "{access}\n{timeline}");
+}
+
+#[test]
+fn a_download_in_flight_when_the_pod_is_told_to_stop_completes() {
+    a_pod_told_to_stop_during_a_download(12, SIGTERM);
+}
+
+#[test]
+fn a_download_in_flight_when_the_pod_is_told_to_stop_by_sigquit_completes() {
+    a_pod_told_to_stop_during_a_download(13, SIGQUIT);
 }

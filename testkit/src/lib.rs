@@ -19,6 +19,6 @@ pub use http::{
 };
 pub use metrics::{has_line, metric_sum, sample};
 pub use nginx::{Nginx, Sandbox};
-pub use process::{run_with_stdin, Operator, Signal, Switches, Usage, SIGINT, SIGTERM};
+pub use process::{run_with_stdin, Operator, Signal, Switches, Usage, SIGINT, SIGQUIT, SIGTERM};
 pub use race::racing;
 pub use wait::{blocking, eventually, on_own_thread, poll, settle};

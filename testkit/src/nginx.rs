@@ -12,7 +12,7 @@ use std::ffi::{OsStr, OsString};
 use std::io::Read;
 use std::net::TcpStream;
 use std::path::{Component, Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 /// The environment variable naming the root, when it is not at [`DEFAULT_ROOT`].
@@ -453,8 +453,9 @@ impl Nginx {
         self.signal(libc::SIGCONT);
     }
 
-    /// Sends nginx `signal`; panics if it is gone.
-    fn signal(&self, signal: crate::Signal) {
+    /// Sends `signal` to the sandbox's command, nginx or the entrypoint that runs it, as the
+    /// kubelet signals a container's process; panics if it is gone.
+    pub fn signal(&self, signal: crate::Signal) {
         assert!(
             self.running(),
             "nginx {} has exited\n{}",
@@ -495,6 +496,19 @@ impl Nginx {
             .is_ok_and(|stat| !stat.rsplit(") ").next().unwrap_or("").starts_with('Z'))
     }
 
+    /// Waits up to `within` for the sandbox's command to exit (after [`Nginx::signal`]): its exit
+    /// status (bubblewrap's, which is the command's), or `None` while it still runs.
+    pub fn wait_exit(&mut self, within: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + within;
+        while self.running() {
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        self.bwrap.wait().ok()
+    }
+
     /// Ends it at once (SIGKILL), as a crash does; returns its log.
     pub fn kill(mut self) -> String {
         self.end(libc::SIGKILL);
@@ -511,7 +525,8 @@ impl Nginx {
     /// Sends `signal` to nginx and waits for the sandbox to end with it (bwrap exits when its
     /// command does), killing bwrap, and so the sandbox's init and all in it, after 10 s.
     fn end(&mut self, signal: libc::c_int) {
-        if self.running() {
+        // Not once bwrap is reaped: its pid and nginx's may be another process's by now.
+        if matches!(self.bwrap.try_wait(), Ok(None)) && self.running() {
             // SAFETY: as in `signal`.
             unsafe { libc::kill(self.pid as libc::pid_t, signal) };
             let deadline = Instant::now() + PATIENCE;
