@@ -7,7 +7,7 @@ mod condition;
 pub use at::{At, AtSpec, AtStatus, Outcome, Phase, AT_MAX_NAME_LEN};
 pub use cdncluster::{
     CacheRule, CacheSpec, CdnCluster, CdnClusterSpec, CdnClusterStatus, HttpSpec, Origin, Role,
-    ServiceOrigin, Source, State, MAX_NAME_LEN,
+    ServiceOrigin, Source, State, TlsSpec, MAX_NAME_LEN,
 };
 pub use condition::{Condition, Text};
 

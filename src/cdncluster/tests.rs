@@ -6,7 +6,7 @@ use super::sources::{self, Problem};
 use super::status::{self, Observed};
 use crate::api::{
     CacheRule, CacheSpec, CdnCluster, CdnClusterSpec, CdnClusterStatus, HttpSpec, Origin, Role,
-    ServiceOrigin, Source, State,
+    ServiceOrigin, Source, State, TlsSpec,
 };
 use crate::kubernetes::restricted::RunAs;
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentStatus};
@@ -53,8 +53,9 @@ fn now() -> Time {
 
 #[test]
 fn the_spec_fields_rarely_set_are_not_carried_inline() {
-    // Every CdnCluster is cached: `resources` and `cache` inline would add 144 bytes to each.
-    assert!(std::mem::size_of::<CdnClusterSpec>() <= 80);
+    // Every CdnCluster is cached: `resources` and `cache` inline would add 144 bytes to each;
+    // `http` and `tls` are boxed too.
+    assert!(std::mem::size_of::<CdnClusterSpec>() <= 88);
 }
 
 #[test]
@@ -150,6 +151,39 @@ fn invalid_specs_are_refused_with_a_reason() {
     assert!(invalid(&long, &[]).contains("at most 52"));
     let dotted = cluster("a.b", Role::Cache, vec![]);
     assert!(invalid(&dotted, &[]).contains("DNS-1035"));
+
+    for bad in [
+        "",
+        "Edge-TLS",
+        "edge_tls",
+        "-edge",
+        "edge.",
+        "a..b",
+        &"x".repeat(254),
+    ] {
+        let mut tls = cluster("a", Role::Balancer, vec![]);
+        tls.spec.tls = Some(Box::new(TlsSpec {
+            secret_name: bad.into(),
+            redirect: false,
+        }));
+        assert!(
+            invalid(&tls, &[]).starts_with(&format!(
+                "tls.secretName {bad:?} is not the name of a Secret"
+            )),
+            "{bad:?}"
+        );
+    }
+    for good in ["edge-tls", "edge.example.com-tls", "0", &"x".repeat(253)] {
+        let mut tls = cluster("a", Role::Balancer, vec![]);
+        tls.spec.tls = Some(Box::new(TlsSpec {
+            secret_name: good.into(),
+            redirect: false,
+        }));
+        assert!(
+            sources::resolve(&tls, world(&[]), sources::DEFAULT_CLUSTER_DOMAIN).is_ok(),
+            "{good:?}"
+        );
+    }
 }
 
 fn pool_world() -> Vec<CdnCluster> {
