@@ -188,6 +188,7 @@ impl World {
             listen: listen.into(),
             temp_dir: own.to_str().unwrap().into(),
             cache_dir: own.to_str().unwrap().into(),
+            ..Paths::default()
         };
         let conf = self
             .names

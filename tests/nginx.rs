@@ -308,6 +308,7 @@ fn seed_topology_routes_caches_and_answers_404() {
             listen: addr.into(),
             temp_dir: own.to_str().unwrap().into(),
             cache_dir: own.to_str().unwrap().into(),
+            ..Paths::default()
         };
         servers.push(start_cluster(c, &world, &paths, d, &names));
     }
@@ -464,6 +465,7 @@ fn a_pool_spreads_uris_by_consistent_hashing_and_fails_over_without_errors() {
             listen: listen.into(),
             temp_dir: own.to_str().unwrap().into(),
             cache_dir: own.to_str().unwrap().into(),
+            ..Paths::default()
         }
     };
     let world = pool_world(1);
