@@ -72,10 +72,11 @@ fn the_seed_examples_and_the_readme_topology_are_accepted() {
         seed("cdncluster-cache-vod.yaml"),
         root().join("examples/topology.yaml"),
         root().join("examples/pool.yaml"),
+        root().join("tests/golden/tls-topology.yaml"),
     ];
     let (ok, report) = validate(&crds[0], &clusters);
     assert!(ok, "{report}");
-    assert_eq!(report.matches(": OK").count(), 10, "{report}");
+    assert_eq!(report.matches(": OK").count(), 12, "{report}");
     let (ok, report) = validate(&crds[1], &[seed("at-example.yaml")]);
     assert!(ok, "{report}");
     assert!(report.contains("example-at: OK"), "{report}");
@@ -85,6 +86,10 @@ fn the_seed_examples_and_the_readme_topology_are_accepted() {
 fn bad_input_is_refused_with_the_reason() {
     let dir = tempfile::tempdir().unwrap();
     let crds = crd_files(dir.path());
+    let long_secret_name = format!(
+        "role: balancer\n  sources: []\n  tls: {{secretName: {}}}",
+        "a".repeat(254)
+    );
     let cases = [
         (
             "bad-role",
@@ -131,6 +136,31 @@ fn bad_input_is_refused_with_the_reason() {
             "bad-cache-size",
             "role: cache\n  sources: []\n  cache:\n    size: lots",
             "'lots' does not match",
+        ),
+        (
+            "tls-without-secret",
+            "role: balancer\n  sources: []\n  tls: {redirect: true}",
+            "'secretName' is a required property",
+        ),
+        (
+            "tls-bad-secret-name",
+            "role: balancer\n  sources: []\n  tls: {secretName: Edge_TLS}",
+            "'Edge_TLS' does not match",
+        ),
+        (
+            "tls-empty-secret-name",
+            "role: balancer\n  sources: []\n  tls: {secretName: ''}",
+            "should be non-empty",
+        ),
+        (
+            "tls-long-secret-name",
+            long_secret_name.as_str(),
+            "is too long",
+        ),
+        (
+            "tls-redirect-not-a-bool",
+            "role: balancer\n  sources: []\n  tls: {secretName: edge-tls, redirect: sometimes}",
+            "'sometimes' is not of type 'boolean'",
         ),
     ];
     for (name, spec, reason) in cases {

@@ -8,15 +8,18 @@
 
 mod support;
 
-use cdn_operator::api::{CacheRule, CacheSpec, CdnCluster, CdnClusterSpec, HttpSpec, Role, Source};
+use cdn_operator::api::{
+    CacheRule, CacheSpec, CdnCluster, CdnClusterSpec, HttpSpec, Role, Source, TlsSpec,
+};
 use cdn_operator::cdncluster::build::{self, CONFIG_KEY, ENTRYPOINT, ENTRYPOINT_KEY};
-use cdn_operator::cdncluster::nginx::{Paths, CACHE_STATUS_HEADER, UPSTREAM_HEADER};
+use cdn_operator::cdncluster::nginx::{Paths, CACHE_STATUS_HEADER, TLS_DIR, UPSTREAM_HEADER};
 use cdn_operator_testkit::{request, settle, Nginx, Response, Sandbox, Signal, SIGQUIT, SIGTERM};
 use std::collections::BTreeSet;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
+use support::tls::{client_hello, Ca, Hello, ServerCertificate, H2, PROTOCOL_VERSION_ALERT};
 use support::{nginx_config, wait_resolved, Names};
 
 const HOST: (&str, &str) = ("Host", "cdn.example");
@@ -54,6 +57,11 @@ fn service_name(name: &str) -> String {
 /// The IP of `name` in a world on 127.0.`net`.0/24.
 fn ip(net: u8, name: &str) -> String {
     address(net, name).trim_end_matches(":80").to_string()
+}
+
+/// HTTPS of `name` in a world on 127.0.`net`.0/24, on its Service's port.
+fn tls_address(net: u8, name: &str) -> String {
+    format!("{}:443", ip(net, name))
 }
 
 /// The hosts of a world on 127.0.`net`.0/24, on their Services' port.
@@ -127,10 +135,23 @@ struct World {
 
 impl World {
     fn start(net: u8, clusters: Vec<CdnCluster>) -> World {
+        World::start_with_secret(net, clusters, None)
+    }
+
+    /// [`World::start`], the CdnClusters that set `tls` serving `certificate`: the files of their
+    /// Secret, as the kubelet mounts them, at the pods' path.
+    fn start_with_secret(
+        net: u8,
+        clusters: Vec<CdnCluster>,
+        certificate: Option<&ServerCertificate>,
+    ) -> World {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
         std::fs::create_dir_all(d.join("www/sites")).unwrap();
         std::fs::create_dir_all(d.join("tmp")).unwrap();
+        if let Some(certificate) = certificate {
+            SecretVolume::new(d.join("secret"), &certificate.secret_data());
+        }
         let ips: Vec<(String, String)> = ["origin", "cache-a", "cache-b", "edge"]
             .into_iter()
             .map(|name| (service_name(name), ip(net, name)))
@@ -188,15 +209,23 @@ impl World {
     fn start_instance(&mut self, name: &str, instance: &str, listen: &str) {
         let own = self.path().join(instance);
         std::fs::create_dir_all(&own).unwrap();
+        let (host, _) = listen.rsplit_once(':').unwrap();
         let paths = Paths {
             listen: listen.into(),
+            tls_listen: format!("{host}:443"),
             temp_dir: own.to_str().unwrap().into(),
             cache_dir: own.to_str().unwrap().into(),
         };
-        let conf = self
-            .names
-            .config(self.cluster(name), &self.clusters, &paths);
-        let nginx = Nginx::start(&self.sandbox, instance, &conf, self.path(), &paths.listen);
+        let cluster = self.cluster(name);
+        let conf = self.names.config(cluster, &self.clusters, &paths);
+        let sandbox = if cluster.spec.tls.is_some() {
+            self.sandbox
+                .clone()
+                .read_only(self.path().join("secret"), TLS_DIR)
+        } else {
+            self.sandbox.clone()
+        };
+        let nginx = Nginx::start(&sandbox, instance, &conf, self.path(), &paths.listen);
         self.running.push((instance.into(), nginx));
     }
 
@@ -647,12 +676,15 @@ fn live_manifests_follow_the_origin_when_it_says_nothing() {
     assert_eq!(world.get("/live/index.m3u8", &[]).body, "#EXTM3U\n#1\n");
 }
 
-/// A ConfigMap volume as the kubelet writes it: `KEY -> ..data/KEY`, `..data -> ..<version>`,
-/// a new version swapped in with one rename.
+/// A ConfigMap or Secret volume as the kubelet writes it: `KEY -> ..data/KEY`,
+/// `..data -> ..<version>`, a new version swapped in with one rename.
 struct ConfigVolume {
     dir: PathBuf,
     version: u32,
 }
+
+/// The kubelet writes a Secret's files as a ConfigMap's.
+type SecretVolume = ConfigVolume;
 
 impl ConfigVolume {
     fn new(dir: PathBuf, data: &[(&str, &str)]) -> ConfigVolume {
@@ -1159,10 +1191,388 @@ fn a_pod_told_to_stop_during_a_download(net: u8, signal: Signal) {
 
 #[test]
 fn a_download_in_flight_when_the_pod_is_told_to_stop_completes() {
-    a_pod_told_to_stop_during_a_download(12, SIGTERM);
+    a_pod_told_to_stop_during_a_download(15, SIGTERM);
 }
 
 #[test]
 fn a_download_in_flight_when_the_pod_is_told_to_stop_by_sigquit_completes() {
-    a_pod_told_to_stop_during_a_download(13, SIGQUIT);
+    a_pod_told_to_stop_during_a_download(16, SIGQUIT);
+}
+
+/// `c` serving HTTPS with the Secret `edge-tls`, plain HTTP redirected if `redirect`.
+fn with_tls(c: &mut CdnCluster, redirect: bool) {
+    c.spec.tls = Some(Box::new(TlsSpec {
+        secret_name: "edge-tls".into(),
+        redirect,
+    }));
+}
+
+/// A cache trusting what its peers on loopback forward, as a cache trusts the balancers of its
+/// cluster's private ranges.
+fn trusting_loopback(c: &mut CdnCluster) {
+    if c.spec.role == Role::Cache {
+        c.spec.http = Some(Box::new(HttpSpec {
+            trusted_proxies: Some(vec!["127.0.0.1".into()]),
+            ..HttpSpec::default()
+        }));
+    }
+}
+
+/// Connects to `addr` over HTTP/2 and TLS (1.3 or 1.2) for the test's site, trusting `ca`.
+fn connect_h2(addr: &str, ca: &Ca) -> H2 {
+    H2::connect(addr, HOST.1, ca, rustls::DEFAULT_VERSIONS)
+        .unwrap_or_else(|e| panic!("HTTP/2 over TLS to {addr}: {e}"))
+}
+
+/// GET `path` over `h2`, with `headers`.
+fn h2_get(h2: &H2, path: &str, headers: &[(&str, &str)]) -> Response {
+    h2.get(path, headers)
+        .unwrap_or_else(|e| panic!("GET {path} over HTTP/2: {e}"))
+}
+
+#[test]
+fn https_at_the_edge_serves_the_routes_and_the_cache_over_http2() {
+    let ca = Ca::new("cdn-operator test CA");
+    let certificate = ca.issue(HOST.1, "cdn.example", 1);
+    let world = World::start_with_secret(
+        12,
+        topology(|c| {
+            if c.spec.role == Role::Balancer {
+                with_tls(c, false);
+            }
+            trusting_loopback(c);
+        }),
+        Some(&certificate),
+    );
+    let https = tls_address(world.net, "edge");
+
+    // HTTP/2 agreed by ALPN, over TLS 1.3, with the Secret's certificate (the client checks
+    // the chain and the name).
+    let client = connect_h2(&https, &ca);
+    assert_eq!(client.version, rustls::ProtocolVersion::TLSv1_3);
+    assert!(
+        client.certificate == certificate.der,
+        "not the Secret's certificate"
+    );
+    world.put("/vod/seg.ts", b"segment");
+    let r = h2_get(&client, "/vod/seg.ts", &[]);
+    assert_eq!(
+        (r.status, r.body.as_str(), r.header(CACHE_STATUS_HEADER)),
+        (200, "segment", Some("MISS"))
+    );
+    let r = h2_get(&client, "/vod/seg.ts", &[]);
+    assert_eq!(
+        (r.status, r.body.as_str(), r.header(CACHE_STATUS_HEADER)),
+        (200, "segment", Some("HIT")),
+        "the second request is a cache HIT"
+    );
+    // One cache for both ports: the same object over plain HTTP, fetched once.
+    let r = world.get("/vod/seg.ts", &[]);
+    assert_eq!(
+        (r.status, r.body.as_str(), r.header(CACHE_STATUS_HEADER)),
+        (200, "segment", Some("HIT"))
+    );
+    assert_eq!(world.served_for("/vod/seg.ts").len(), 1);
+
+    // TLS 1.2 with a suite of Mozilla's intermediate list (ECDHE, AEAD).
+    let tls12 = H2::connect(&https, HOST.1, &ca, &[&rustls::version::TLS12]).unwrap();
+    assert_eq!(tls12.version, rustls::ProtocolVersion::TLSv1_2);
+    let suite = format!("{:?}", tls12.suite);
+    assert!(
+        suite.starts_with("TLS_ECDHE_ECDSA_WITH_")
+            && (suite.contains("_GCM_") || suite.contains("CHACHA20")),
+        "{suite}"
+    );
+    assert_eq!(
+        h2_get(&tls12, "/vod/seg.ts", &[]).header(CACHE_STATUS_HEADER),
+        Some("HIT")
+    );
+    // TLS 1.1 is refused; the same hello as TLS 1.2 is accepted, so the version is the reason.
+    assert_eq!(
+        client_hello(&https, HOST.1, 0x0303),
+        Hello::Accepted(0x0303)
+    );
+    assert_eq!(
+        client_hello(&https, HOST.1, 0x0302),
+        Hello::Alert(PROTOCOL_VERSION_ALERT),
+        "TLS 1.1"
+    );
+
+    // X-Forwarded-Proto says how the client came, whatever it claims; the caches (trusting the
+    // edge) pass it to the origin.
+    let forged = [
+        ("X-Forwarded-Proto", "http"),
+        ("X-Forwarded-For", "6.6.6.6"),
+    ];
+    let r = h2_get(&client, "/echo/over-tls", &forged);
+    assert_eq!(r.body, "127.0.0.1, 127.0.0.1|https");
+    let r = world.get("/echo/plain", &[("X-Forwarded-Proto", "https")]);
+    assert_eq!(r.body, "127.0.0.1, 127.0.0.1|http");
+
+    // Plain HTTP keeps serving, the probes with it.
+    let r = world.ask("edge", "GET", "/healthz", &[]);
+    assert_eq!((r.status, r.body.as_str()), (200, "ok\n"));
+}
+
+#[test]
+fn a_redirect_sends_plain_http_to_https_but_for_the_probes() {
+    let ca = Ca::new("cdn-operator test CA");
+    let certificate = ca.issue(HOST.1, "cdn.example", 1);
+    let world = World::start_with_secret(
+        13,
+        topology(|c| {
+            if c.spec.role == Role::Balancer {
+                with_tls(c, true);
+            }
+        }),
+        Some(&certificate),
+    );
+    world.put("/vod/seg.ts", b"segment");
+    for (method, path, host, location) in [
+        (
+            "GET",
+            "/vod/seg.ts",
+            HOST.1,
+            "https://cdn.example/vod/seg.ts",
+        ),
+        (
+            "GET",
+            "/vod/seg.ts?token=a&b=1",
+            HOST.1,
+            "https://cdn.example/vod/seg.ts?token=a&b=1",
+        ),
+        // To HTTPS's port, whatever the plain one.
+        (
+            "HEAD",
+            "/live/",
+            "cdn.example:8080",
+            "https://cdn.example/live/",
+        ),
+        ("POST", "/", "other.example", "https://other.example/"),
+    ] {
+        let r = world.ask("edge", method, path, &[("Host", host)]);
+        assert_eq!(
+            (r.status, r.header("Location")),
+            (301, Some(location)),
+            "{method} {path}"
+        );
+    }
+    // The probes are answered on plain HTTP.
+    let r = world.ask("edge", "GET", "/healthz", &[]);
+    assert_eq!((r.status, r.body.as_str()), (200, "ok\n"));
+    assert!(world.served().is_empty(), "a redirect fetches nothing");
+
+    // HTTPS serves, once the edge has found its caches (the wait of `World::start` asked plain
+    // HTTP, which redirects).
+    let client = connect_h2(&tls_address(world.net, "edge"), &ca);
+    let status = settle(
+        Duration::from_secs(10),
+        Duration::from_millis(20),
+        || h2_get(&client, "/not-here/resolved", &[]).status,
+        |status| *status != 502,
+    );
+    assert_eq!(status, 404);
+    let statuses: Vec<_> = (0..2)
+        .map(|_| {
+            let r = h2_get(&client, "/vod/seg.ts", &[]);
+            assert_eq!(r.body, "segment");
+            r.header(CACHE_STATUS_HEADER).map(String::from)
+        })
+        .collect();
+    assert_eq!(statuses, [Some("MISS".into()), Some("HIT".into())]);
+}
+
+/// The pid of the nginx master among `processes` ([`Nginx::processes`]), and its workers'.
+fn nginx_pids(processes: &[(u32, String)]) -> (u32, BTreeSet<u32>) {
+    let with = |title: &str| -> Vec<u32> {
+        processes
+            .iter()
+            .filter(|(_, c)| c.starts_with(title))
+            .map(|(p, _)| *p)
+            .collect()
+    };
+    let masters = with("nginx: master process");
+    assert_eq!(masters.len(), 1, "{processes:?}");
+    (
+        masters[0],
+        with("nginx: worker process").into_iter().collect(),
+    )
+}
+
+#[test]
+fn a_renewed_certificate_is_served_within_seconds_without_a_restart_keeping_the_cache() {
+    // cache-a with HTTPS runs as its pod does: the Deployment's command and volumes (the
+    // ConfigMap and the Secret read-only, as the kubelet writes them; emptyDirs), as an
+    // arbitrary uid; its listen addresses only moved.
+    let world = World::start(14, topology(|_| {}));
+    let mut cache = world.cluster("cache-a").clone();
+    with_tls(&mut cache, false);
+    let upstreams = cdn_operator::cdncluster::sources::resolve(
+        &cache,
+        |name| {
+            world
+                .clusters
+                .iter()
+                .find(|c| c.metadata.name.as_deref() == Some(name))
+                .map(|c| std::sync::Arc::new(c.clone()))
+        },
+        cdn_operator::cdncluster::sources::DEFAULT_CLUSTER_DOMAIN,
+    )
+    .unwrap();
+    let children = build::children(&cache, &upstreams, &Default::default());
+    let (plain, https) = ("127.0.14.31:8080", "127.0.14.31:8443");
+    let paths = Paths {
+        listen: plain.into(),
+        tls_listen: https.into(),
+        ..Paths::default()
+    };
+    let conf = nginx_config(&cache, &world.clusters, &paths);
+    let data = children.config_map.data.as_ref().unwrap();
+    assert_eq!(
+        conf.replace("127.0.14.31:", ""),
+        data[CONFIG_KEY],
+        "the shipped configuration, its addresses only moved"
+    );
+    let entrypoint = &data[ENTRYPOINT_KEY];
+    let _config = ConfigVolume::new(
+        world.path().join("cm"),
+        &[(CONFIG_KEY, &conf), (ENTRYPOINT_KEY, entrypoint)],
+    );
+    let ca = Ca::new("cdn-operator test CA");
+    let first = ca.issue(HOST.1, "cdn.example (first)", 1);
+    let mut secret = SecretVolume::new(world.path().join("secret"), &first.secret_data());
+
+    let pod = children.deployment.spec.as_ref().unwrap();
+    let pod = pod.template.spec.as_ref().unwrap();
+    let container = &pod.containers[0];
+    let mut sandbox = Sandbox::read_only_root()
+        .hosts(&world.names.hosts)
+        .resolv_conf(world.names.resolv_conf(world.path()));
+    for mount in container.volume_mounts.as_deref().unwrap() {
+        let volume = pod
+            .volumes
+            .as_deref()
+            .unwrap()
+            .iter()
+            .find(|v| v.name == mount.name)
+            .unwrap();
+        sandbox = if volume.empty_dir.is_some() {
+            sandbox.empty_dir(&mount.mount_path)
+        } else {
+            assert_eq!(mount.read_only, Some(true), "{}", mount.name);
+            if volume.config_map.is_some() {
+                sandbox.read_only(world.path().join("cm"), &mount.mount_path)
+            } else if volume.secret.is_some() {
+                sandbox.read_only(&secret.dir, &mount.mount_path)
+            } else {
+                panic!("an unexpected volume: {volume:?}")
+            }
+        };
+    }
+    let sandbox = sandbox.user(1000680000, 0);
+    let log = world.path().join("pod.log");
+    let nginx = Nginx::spawn(
+        "pod",
+        sandbox.command(container.command.as_deref().unwrap()),
+        &log,
+    );
+    nginx.wait_listening(plain, &conf);
+    nginx.wait_listening(https, &conf);
+    wait_resolved(plain, HOST.1);
+    let log = || std::fs::read_to_string(&log).unwrap();
+
+    // Objects cached over HTTPS, a large one among them.
+    let objects: Vec<String> = (0..20).map(|i| format!("/vod/{i}.ts")).collect();
+    let big: String = (0..4u32 << 20)
+        .map(|i| char::from(b'a' + (i % 26) as u8))
+        .collect();
+    world.put("/vod/big.mp4", big.as_bytes());
+    let client = connect_h2(https, &ca);
+    assert!(client.certificate == first.der, "not the first certificate");
+    for o in &objects {
+        world.put(o, o.as_bytes());
+        let r = h2_get(&client, o, &[]);
+        assert_eq!(
+            (r.status, r.body.as_str(), r.header(CACHE_STATUS_HEADER)),
+            (200, o.as_str(), Some("MISS"))
+        );
+    }
+    assert_eq!(h2_get(&client, "/vod/big.mp4", &[]).body.len(), big.len());
+    let fetched = world.served().len();
+    let (master, workers) = nginx_pids(&nginx.processes());
+    assert!(!log().contains("reloading"), "{}", log());
+
+    // A download under way when the certificate is renewed.
+    let mut download = client.start("/vod/big.mp4", &[]).unwrap();
+    assert!(!client.read(&mut download, 64 << 10).unwrap());
+
+    // The renewal, as the kubelet writes it: a new directory, then `..data` swapped.
+    let renewed = ca.issue(HOST.1, "cdn.example (renewed)", 2);
+    secret.update(&renewed.secret_data());
+    let started = Instant::now();
+    let presented = settle(
+        Duration::from_secs(15),
+        Duration::from_millis(100),
+        || {
+            H2::connect(https, HOST.1, &ca, rustls::DEFAULT_VERSIONS)
+                .map(|c| c.certificate)
+                .unwrap_or_default()
+        },
+        |presented| *presented == renewed.der,
+    );
+    let took = started.elapsed();
+    assert!(
+        presented == renewed.der,
+        "the renewed certificate (serial 2) is not served after {took:?}:\n{}",
+        log()
+    );
+    eprintln!("the renewed certificate served after {took:?}");
+    assert!(took < Duration::from_secs(10), "{took:?}");
+    let (master_now, workers_now) = nginx_pids(&nginx.processes());
+    assert_eq!(master_now, master, "nginx's master was restarted");
+    assert!(
+        !workers_now.is_subset(&workers),
+        "reloaded: new workers ({workers:?}, now {workers_now:?})"
+    );
+    assert!(
+        !workers_now.is_disjoint(&workers),
+        "an old worker is still sending the download ({workers:?}, now {workers_now:?})"
+    );
+    let said = log();
+    assert!(
+        said.contains("the TLS certificate changed: reloading nginx")
+            && said.contains("reconfiguring"),
+        "{said}"
+    );
+
+    // The download ends whole, on the connection opened before the renewal.
+    assert!(client.read(&mut download, usize::MAX).unwrap());
+    let r = client.finish(download);
+    assert_eq!((r.status, r.body.len()), (200, big.len()));
+    assert!(r.body == big);
+    // Then the old workers, done, are gone.
+    let remaining = settle(
+        Duration::from_secs(10),
+        Duration::from_millis(100),
+        || nginx_pids(&nginx.processes()).1,
+        |now| now.is_disjoint(&workers),
+    );
+    assert!(remaining.is_disjoint(&workers), "{remaining:?}");
+    // The cache is kept: every object a HIT, on a new connection with the new certificate.
+    let client = connect_h2(https, &ca);
+    assert!(client.certificate == renewed.der);
+    for o in &objects {
+        let r = h2_get(&client, o, &[]);
+        assert_eq!(
+            (r.status, r.body.as_str(), r.header(CACHE_STATUS_HEADER)),
+            (200, o.as_str(), Some("HIT"))
+        );
+    }
+    assert_eq!(world.served().len(), fetched, "nothing fetched again");
+    let said = log();
+    assert!(
+        !said.contains("[emerg]") && !said.contains("[alert]"),
+        "{said}"
+    );
+    drop(nginx);
 }

@@ -9,7 +9,7 @@
 
 mod support;
 
-use cdn_operator::api::{CacheSpec, CdnCluster, CdnClusterSpec, Role, Source};
+use cdn_operator::api::{CacheSpec, CdnCluster, CdnClusterSpec, Role, Source, TlsSpec};
 use cdn_operator::cdncluster::build;
 use cdn_operator::cdncluster::nginx::{timeouts, Paths, CACHE_STATUS_HEADER, UPSTREAM_HEADER};
 use cdn_operator_testkit::nginx::{static_server_config, test_config, Nginx, Sandbox};
@@ -153,6 +153,98 @@ fn every_generated_configuration_passes_nginx_t() {
         };
         check(&names.config(c, &world, &paths), &case, &names);
     }
+}
+
+#[test]
+fn tls_configurations_pass_nginx_t_and_ocsp_stapling_only_warns() {
+    // Every role, with and without a redirect, with sources and without: nginx reads the
+    // certificate of the Secret at the pods' path (mounted read-only, as the kubelet does).
+    let dir = tempfile::tempdir().unwrap();
+    let names = Names::new(
+        dir.path(),
+        "127.0.0.56",
+        &[
+            ("cache-live.default.svc.cluster.local", "127.0.0.1"),
+            ("vod-store.default.svc.cluster.local", "127.0.0.1"),
+        ],
+    );
+    let ca = support::tls::Ca::new("cdn-operator test CA");
+    let certificate = ca.issue("cdn.example", "cdn.example", 1);
+    let secret = dir.path().join("secret");
+    std::fs::create_dir_all(&secret).unwrap();
+    for (key, value) in certificate.secret_data() {
+        std::fs::write(secret.join(key), value).unwrap();
+    }
+    let tls = |mut c: CdnCluster, redirect: bool| {
+        c.spec.tls = Some(Box::new(TlsSpec {
+            secret_name: "cdn-tls".into(),
+            redirect,
+        }));
+        c
+    };
+    let live = cluster("cache-live", Role::Cache, vec![]);
+    let edge = || {
+        cluster(
+            "balancer",
+            Role::Balancer,
+            vec![Source::cluster("cache-live", None)],
+        )
+    };
+    let store = || {
+        cluster(
+            "cache-store",
+            Role::Cache,
+            vec![Source::service("store", "vod-store", 80, None)],
+        )
+    };
+    for c in [
+        tls(edge(), false),
+        tls(edge(), true),
+        tls(store(), false),
+        tls(store(), true),
+        // No source: the resolver, for the OCSP responder, all the same.
+        tls(cluster("cache-alone", Role::Cache, vec![]), false),
+    ] {
+        let redirect = c.spec.tls.as_ref().unwrap().redirect;
+        let case = dir.path().join(format!(
+            "{}-{redirect}",
+            c.metadata.name.as_deref().unwrap()
+        ));
+        std::fs::create_dir_all(&case).unwrap();
+        let paths = Paths {
+            cache_dir: case.to_str().unwrap().into(),
+            temp_dir: case.to_str().unwrap().into(),
+            ..Paths::default()
+        };
+        let conf = names.config(&c, &[live.clone(), c.clone()], &paths);
+        assert!(conf.contains("ssl_stapling on;"));
+        let file = case.join("nginx.conf");
+        std::fs::write(&file, &conf).unwrap();
+        let sandbox = names
+            .sandbox(&case)
+            .read_only(&secret, cdn_operator::cdncluster::nginx::TLS_DIR);
+        let report = test_config(&sandbox, &file).unwrap_or_else(|report| {
+            panic!("nginx -t refused the generated configuration:\n{report}\n--- configuration ---\n{conf}")
+        });
+        // The certificate names no OCSP responder (as most do now): a warning, nothing worse.
+        assert!(
+            report.contains("[warn]")
+                && report
+                    .contains("\"ssl_stapling\" ignored, no OCSP responder URL in the certificate"),
+            "{report}"
+        );
+        for worse in ["[error]", "[crit]", "[alert]", "[emerg]"] {
+            assert!(!report.contains(worse), "{worse}: {report}");
+        }
+    }
+    // Without the Secret's files nginx refuses the configuration (in a cluster, the kubelet
+    // starts no pod before the Secret exists).
+    let conf = dir.path().join("cache-alone-false/nginx.conf");
+    let refused = test_config(&names.sandbox(dir.path()), &conf).unwrap_err();
+    assert!(
+        refused.contains("[emerg]") && refused.contains("tls.crt"),
+        "{refused}"
+    );
 }
 
 #[test]
@@ -308,6 +400,7 @@ fn seed_topology_routes_caches_and_answers_404() {
             listen: addr.into(),
             temp_dir: own.to_str().unwrap().into(),
             cache_dir: own.to_str().unwrap().into(),
+            ..Paths::default()
         };
         servers.push(start_cluster(c, &world, &paths, d, &names));
     }
@@ -464,6 +557,7 @@ fn a_pool_spreads_uris_by_consistent_hashing_and_fails_over_without_errors() {
             listen: listen.into(),
             temp_dir: own.to_str().unwrap().into(),
             cache_dir: own.to_str().unwrap().into(),
+            ..Paths::default()
         }
     };
     let world = pool_world(1);

@@ -75,6 +75,22 @@ fn the_ingress_example_renders_an_ingress_as_golden() {
     assert_eq!(run.stdout.matches("kind: Ingress").count(), 1);
 }
 
+#[test]
+fn a_topology_with_tls_renders_as_golden() {
+    let tls = input("tls-topology.yaml");
+    let run = cdn_operator(&["render", "-f", path(&tls)], "");
+    assert_eq!((run.code, run.stderr.as_str()), (0, ""));
+    check("render-tls.yaml", &run.stdout);
+
+    let run = cdn_operator(&["render", "--nginx-only", "-f", path(&tls)], "");
+    assert_eq!((run.code, run.stderr.as_str()), (0, ""));
+    check("render-tls-nginx.conf", &run.stdout);
+    // One server of routes per cluster, whatever the ports; the redirect a server of its own.
+    assert_eq!(run.stdout.matches("listen 8443 ssl;").count(), 2);
+    assert_eq!(run.stdout.matches("return 301 https://").count(), 1);
+    assert_eq!(run.stdout.matches("\n    server {").count(), 3);
+}
+
 /// `cdn-operator render … | head`: a reader gone before the output is written (its end of the
 /// pipe closed before the command starts, so every write fails) ends the output quietly, as
 /// with any Unix tool, for every command that prints.

@@ -91,6 +91,12 @@ pub struct CdnClusterSpec {
     /// over nodes (and zones), at most one pod down at once in a drain, 60 s to finish a request.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pods: Option<Box<Pods>>,
+    /// HTTPS on the instances, with the certificate of a Secret of the namespace: a new port
+    /// `https` (443 on the Service), HTTP/2, TLS 1.2 and 1.3, the same routes and cache as plain
+    /// HTTP. A renewed certificate is served within seconds, with no restart. Usually set on the
+    /// balancers that clients reach.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<Box<TlsSpec>>,
 }
 
 fn default_replicas() -> i32 {
@@ -111,6 +117,7 @@ impl CdnClusterSpec {
             service: None,
             ingress: None,
             pods: None,
+            tls: None,
         }
     }
 }
@@ -324,6 +331,29 @@ pub struct HttpSpec {
     #[schemars(length(max = 32))]
     #[schemars(extend("items" = {"type": "string", "minLength": 1, "maxLength": 128, "pattern": "^[A-Za-z0-9_.~-]+$"}))]
     pub excluded_query_parameters: Option<Vec<String>>,
+}
+
+/// A DNS-1123 subdomain, as Kubernetes names a Secret: lowercase letters, digits, '-' and '.',
+/// starting and ending with a letter or digit (at most 253 characters, checked beside it).
+pub const DNS_SUBDOMAIN_PATTERN: &str =
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$";
+
+/// HTTPS on a CdnCluster's instances.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TlsSpec {
+    /// The Secret of type `kubernetes.io/tls` in the CdnCluster's namespace holding the
+    /// certificate (`tls.crt`: the server's certificate first, then its intermediates) and its key
+    /// (`tls.key`), as cert-manager writes it for a Certificate. Mounted read-only in the pods:
+    /// they start once it exists, and a renewed certificate is served within seconds, without a
+    /// restart and without losing the cache.
+    #[schemars(length(min = 1, max = 253), regex(pattern = DNS_SUBDOMAIN_PATTERN))]
+    pub secret_name: String,
+
+    /// Answer plain HTTP with a 301 redirect to the same URL over HTTPS, except the health
+    /// probes' path. Default false: plain HTTP serves as HTTPS does.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub redirect: bool,
 }
 
 /// What the operator observed of a CdnCluster.

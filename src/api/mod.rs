@@ -7,8 +7,8 @@ mod condition;
 pub use at::{At, AtSpec, AtStatus, Outcome, Phase, AT_MAX_NAME_LEN};
 pub use cdncluster::{
     CacheRule, CacheSpec, CdnCluster, CdnClusterSpec, CdnClusterStatus, HttpSpec, IngressExposure,
-    Origin, Pods, Role, ServiceExposure, ServiceOrigin, ServiceType, Source, State, TrafficPolicy,
-    MAX_NAME_LEN,
+    Origin, Pods, Role, ServiceExposure, ServiceOrigin, ServiceType, Source, State, TlsSpec,
+    TrafficPolicy, MAX_NAME_LEN,
 };
 pub use condition::{Condition, Text};
 

@@ -5,12 +5,28 @@
 //! share a pathCondition (or have none) are a pool: one location, one upstream of several
 //! servers. `/healthz` is an exact location, which nginx checks before any regex, so probes never
 //! reach a source.
+//!
+//! HTTPS (`spec.tls`): the server of the routes listens on a TLS port too, so both ports answer
+//! from one set of locations; with `redirect`, plain HTTP gets a server of its own that answers
+//! the probes and redirects everything else.
 
 use crate::api::Role;
 use std::fmt::Write;
 
 /// The port nginx listens on in the pod: unprivileged, so it runs as non-root.
 pub const LISTEN_PORT: u16 = 8080;
+/// The port nginx serves HTTPS on in the pod, when the spec sets `tls`.
+pub const TLS_LISTEN_PORT: u16 = 8443;
+/// Where the pod mounts the TLS Secret: its keys `tls.crt` and `tls.key` are files there.
+pub const TLS_DIR: &str = "/etc/nginx/tls";
+/// The certificate (then its intermediates) and the key, in [`TLS_DIR`].
+pub const TLS_CERT_FILE: &str = "tls.crt";
+pub const TLS_KEY_FILE: &str = "tls.key";
+/// The TLS 1.2 cipher suites of Mozilla's "intermediate" configuration (guidelines 6.0): ECDHE
+/// key exchange, AEAD ciphers. TLS 1.3's suites are OpenSSL's, all of them fine.
+pub const TLS_CIPHERS: &str = "ECDHE-ECDSA-AES128-GCM-SHA256:ECDHE-RSA-AES128-GCM-SHA256:\
+    ECDHE-ECDSA-AES256-GCM-SHA384:ECDHE-RSA-AES256-GCM-SHA384:\
+    ECDHE-ECDSA-CHACHA20-POLY1305:ECDHE-RSA-CHACHA20-POLY1305";
 /// The path of the probe endpoint.
 pub const HEALTH_PATH: &str = "/healthz";
 /// The response header in which a cache reports HIT, MISS, EXPIRED, ...
@@ -22,6 +38,8 @@ pub const UPSTREAM_HEADER: &str = "X-Cdn-Upstream";
 /// DNS publishes `_http._tcp.NAME.NAMESPACE.svc.DOMAIN` with one SRV record per ready pod of a
 /// headless Service (a cache's), one naming the Service itself otherwise.
 pub const SERVICE_PORT_NAME: &str = "http";
+/// The name of the container and Service ports of HTTPS, when the spec sets `tls`.
+pub const TLS_PORT_NAME: &str = "https";
 
 /// The file, in the temp folder, where the entrypoint writes nginx's `resolver` directive.
 pub const RESOLVER_FILE: &str = "resolver.conf";
@@ -147,10 +165,14 @@ pub fn describe_pool(upstreams: &[Upstream], pool: &[usize]) -> String {
     format!("pool {} ({condition})", members.join(" + "))
 }
 
-/// Where nginx keeps its files; the pod mounts emptyDirs there (the root filesystem is read-only).
+/// Where nginx listens and keeps its files; the pod mounts emptyDirs there (the root filesystem
+/// is read-only).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Paths {
+    /// Plain HTTP: a port, or `address:port`.
     pub listen: String,
+    /// HTTPS, when the spec sets `tls`.
+    pub tls_listen: String,
     pub temp_dir: String,
     pub cache_dir: String,
 }
@@ -159,10 +181,18 @@ impl Default for Paths {
     fn default() -> Self {
         Paths {
             listen: LISTEN_PORT.to_string(),
+            tls_listen: TLS_LISTEN_PORT.to_string(),
             temp_dir: "/tmp".to_string(),
             cache_dir: "/var/cache/nginx".to_string(),
         }
     }
+}
+
+/// HTTPS, when the spec sets `tls`: the certificate and key are the files of [`TLS_DIR`].
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct TlsTuning {
+    /// Plain HTTP answers a 301 to HTTPS, but for [`HEALTH_PATH`].
+    pub redirect: bool,
 }
 
 /// The largest on-disk cache of an instance when `cache.size` is not set.
@@ -254,13 +284,14 @@ const KEY_ARGS: &str = "$cdn_key_args";
 const FORWARDED_FOR: &str = "$cdn_forwarded_for";
 const FORWARDED_PROTO: &str = "$cdn_forwarded_proto";
 
-/// Renders the complete nginx.conf.
+/// Renders the complete nginx.conf; HTTPS too when `tls` is set.
 pub fn render(
     title: &str,
     role: Role,
     upstreams: &[Upstream],
     cache: &CacheTuning,
     http: &HttpTuning,
+    tls: Option<&TlsTuning>,
     paths: &Paths,
 ) -> String {
     let mut c = String::new();
@@ -309,9 +340,9 @@ pub fn render(
             inactive = cache.inactive,
         );
     }
-    if !upstreams.is_empty() {
-        // nginx looks its sources up itself, with the DNS server the entrypoint found in the
-        // pod's /etc/resolv.conf (nginx reads no resolv.conf).
+    if !upstreams.is_empty() || tls.is_some() {
+        // nginx looks its sources (and its certificate's OCSP responder) up itself, with the DNS
+        // server the entrypoint found in the pod's /etc/resolv.conf (nginx reads no resolv.conf).
         let _ = writeln!(c, "    include {tmp}/{RESOLVER_FILE};");
     }
     write_forwarding(&mut c, &http.trusted_proxies);
@@ -374,14 +405,29 @@ pub fn render(
             "        keepalive 32;\n        keepalive_requests 10000;\n        keepalive_timeout 60s;\n    }}"
         );
     }
-    let _ = write!(
-        c,
-        "\n    server {{\n\
-         \x20       listen {listen};\n\
-         \n\
-         \x20       proxy_http_version 1.1;\n",
-        listen = paths.listen,
-    );
+    let redirect = tls.is_some_and(|t| t.redirect);
+    if redirect {
+        // Plain HTTP only redirects; the probes stay on it.
+        let _ = write!(
+            c,
+            "\n    # Plain HTTP: a redirect to the same URL over HTTPS, but for the probes.\n\
+             \x20   server {{\n\
+             \x20       listen {listen};\n",
+            listen = paths.listen,
+        );
+        write_health(&mut c);
+        c.push_str(
+            "\n        location / {\n            return 301 https://$host$request_uri;\n        }\n    }\n",
+        );
+    }
+    c.push_str("\n    server {\n");
+    if !redirect {
+        let _ = writeln!(c, "        listen {};", paths.listen);
+    }
+    if tls.is_some() {
+        write_tls(&mut c, &paths.tls_listen);
+    }
+    c.push_str("\n        proxy_http_version 1.1;\n");
     if role == Role::Cache {
         let _ = write!(
             c,
@@ -409,14 +455,7 @@ pub fn render(
             header = CACHE_STATUS_HEADER,
         );
     }
-    let _ = write!(
-        c,
-        "\n        location = {HEALTH_PATH} {{\n\
-         \x20           access_log off;\n\
-         \x20           default_type text/plain;\n\
-         \x20           return 200 \"ok\\n\";\n\
-         \x20       }}\n"
-    );
+    write_health(&mut c);
     // Every route is a regex location, the default last (`^/`): nginx looks for a regex nested in
     // a prefix location before the regexes beside it, so a lifetime rule nested in `location /`
     // would take the paths of the routes written after it.
@@ -465,6 +504,44 @@ pub fn render(
     }
     c.push_str("    }\n}\n");
     c
+}
+
+/// The probes' location: answered by nginx itself, never by a source.
+fn write_health(c: &mut String) {
+    let _ = write!(
+        c,
+        "\n        location = {HEALTH_PATH} {{\n\
+         \x20           access_log off;\n\
+         \x20           default_type text/plain;\n\
+         \x20           return 200 \"ok\\n\";\n\
+         \x20       }}\n"
+    );
+}
+
+/// HTTPS in the server of the routes, on `listen`: the same locations answer both ports, and
+/// `$scheme` (so X-Forwarded-Proto) says which one a request came on.
+fn write_tls(c: &mut String, listen: &str) {
+    let _ = write!(
+        c,
+        "        # HTTPS (spec.tls): the same routes and cache, over HTTP/2 or HTTP/1.1.\n\
+         \x20       listen {listen} ssl;\n\
+         \x20       http2 on;\n\
+         \x20       # The Secret's files: the entrypoint reloads nginx when they change (a renewal).\n\
+         \x20       ssl_certificate {TLS_DIR}/{TLS_CERT_FILE};\n\
+         \x20       ssl_certificate_key {TLS_DIR}/{TLS_KEY_FILE};\n\
+         \x20       # Mozilla's \"intermediate\" configuration.\n\
+         \x20       ssl_protocols TLSv1.2 TLSv1.3;\n\
+         \x20       ssl_ciphers {TLS_CIPHERS};\n\
+         \x20       ssl_prefer_server_ciphers off;\n\
+         \x20       # Sessions resume from a cache the workers share, not from tickets (forward secrecy).\n\
+         \x20       ssl_session_cache shared:cdn_tls:10m;\n\
+         \x20       ssl_session_timeout 1d;\n\
+         \x20       ssl_session_tickets off;\n\
+         \x20       # The OCSP responder named by the certificate, asked through the resolver: nginx\n\
+         \x20       # only warns when it names none.\n\
+         \x20       ssl_stapling on;\n\
+         \x20       ssl_stapling_verify on;\n"
+    );
 }
 
 /// The X-Forwarded-* headers sent upstream: from a trusted peer (a tier in front of this one),

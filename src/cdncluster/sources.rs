@@ -53,6 +53,8 @@ pub fn parse_cluster_domain(domain: &str) -> Result<String, String> {
 
 /// The port on which a CdnCluster's Service serves.
 pub const SERVICE_PORT: i32 = 80;
+/// The port on which a CdnCluster's Service serves HTTPS, when its spec sets `tls`.
+pub const TLS_SERVICE_PORT: i32 = 443;
 
 /// Checks the spec and resolves every source to an upstream, its Service named in
 /// `cluster_domain`. Invalid specs are reported before missing sources: waiting would not make
@@ -225,6 +227,14 @@ fn check_tuning(cluster: &CdnCluster) -> Result<(), String> {
             })?;
         }
     }
+    if let Some(tls) = cluster.spec.tls.as_deref() {
+        if !is_dns_subdomain(&tls.secret_name) {
+            return Err(format!(
+                "tls.secretName {:?} is not the name of a Secret (a DNS-1123 subdomain: lowercase letters, digits, '-' and '.', at most 253 characters)",
+                tls.secret_name
+            ));
+        }
+    }
     if let Some(http) = cluster.spec.http.as_deref() {
         for proxy in http.trusted_proxies.iter().flatten() {
             if !is_address_or_range(proxy) {
@@ -283,6 +293,20 @@ fn is_dns_label(s: &str) -> bool {
         && bytes
             .iter()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
+}
+
+/// A DNS-1123 subdomain, as Kubernetes names a Secret: dot-separated labels of lowercase letters,
+/// digits and '-', each starting and ending with a letter or digit; at most 253 characters.
+fn is_dns_subdomain(s: &str) -> bool {
+    let label = |l: &str| {
+        let b = l.as_bytes();
+        !b.is_empty()
+            && b[0].is_ascii_alphanumeric()
+            && b[b.len() - 1].is_ascii_alphanumeric()
+            && b.iter()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+    };
+    s.len() <= 253 && s.split('.').all(label)
 }
 
 /// Checks a pathCondition with a PCRE-like engine (nginx uses PCRE); control characters could not

@@ -6,7 +6,7 @@ use super::sources::{self, Problem};
 use super::status::{self, Observed};
 use crate::api::{
     CacheRule, CacheSpec, CdnCluster, CdnClusterSpec, CdnClusterStatus, HttpSpec, Origin, Role,
-    ServiceOrigin, Source, State,
+    ServiceOrigin, Source, State, TlsSpec,
 };
 use crate::kubernetes::restricted::RunAs;
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentStatus};
@@ -53,9 +53,9 @@ fn now() -> Time {
 
 #[test]
 fn the_spec_fields_rarely_set_are_not_carried_inline() {
-    // Every CdnCluster is cached: `resources`, `cache`, `http`, `service`, `ingress` and `pods`
-    // inline would add several hundred bytes to each. Boxed, each costs one pointer.
-    assert!(std::mem::size_of::<CdnClusterSpec>() <= 104);
+    // Every CdnCluster is cached: `resources`, `cache`, `http`, `tls`, `service`, `ingress` and
+    // `pods` inline would add several hundred bytes to each. Boxed, each costs one pointer.
+    assert!(std::mem::size_of::<CdnClusterSpec>() <= 112);
     assert_eq!(std::mem::size_of::<Option<Box<crate::api::Pods>>>(), 8);
 }
 
@@ -152,6 +152,39 @@ fn invalid_specs_are_refused_with_a_reason() {
     assert!(invalid(&long, &[]).contains("at most 52"));
     let dotted = cluster("a.b", Role::Cache, vec![]);
     assert!(invalid(&dotted, &[]).contains("DNS-1035"));
+
+    for bad in [
+        "",
+        "Edge-TLS",
+        "edge_tls",
+        "-edge",
+        "edge.",
+        "a..b",
+        &"x".repeat(254),
+    ] {
+        let mut tls = cluster("a", Role::Balancer, vec![]);
+        tls.spec.tls = Some(Box::new(TlsSpec {
+            secret_name: bad.into(),
+            redirect: false,
+        }));
+        assert!(
+            invalid(&tls, &[]).starts_with(&format!(
+                "tls.secretName {bad:?} is not the name of a Secret"
+            )),
+            "{bad:?}"
+        );
+    }
+    for good in ["edge-tls", "edge.example.com-tls", "0", &"x".repeat(253)] {
+        let mut tls = cluster("a", Role::Balancer, vec![]);
+        tls.spec.tls = Some(Box::new(TlsSpec {
+            secret_name: good.into(),
+            redirect: false,
+        }));
+        assert!(
+            sources::resolve(&tls, world(&[]), sources::DEFAULT_CLUSTER_DOMAIN).is_ok(),
+            "{good:?}"
+        );
+    }
 }
 
 fn pool_world() -> Vec<CdnCluster> {
@@ -1212,6 +1245,176 @@ fn only_existence_identity_and_spec_changes_concern_parents() {
     let mut recreated = old.clone();
     recreated.metadata.uid = Some("uid-cache-2".into());
     assert!(concerns(&recreated), "a new Service address");
+}
+
+fn with_tls(mut c: CdnCluster, redirect: bool) -> CdnCluster {
+    c.spec.tls = Some(Box::new(TlsSpec {
+        secret_name: "edge-tls".into(),
+        redirect,
+    }));
+    c
+}
+
+#[test]
+fn tls_adds_an_https_port_the_secret_read_only_and_a_certificate_watch() {
+    let all = seed();
+    let edge = with_tls(all[0].clone(), false);
+    let ups = sources::resolve(&edge, world(&all), sources::DEFAULT_CLUSTER_DOMAIN).unwrap();
+    let plain = build::children(&all[0], &ups, &RunAs::default());
+    let children = build::children(&edge, &ups, &RunAs::default());
+
+    let ports: Vec<_> = children
+        .service
+        .spec
+        .as_ref()
+        .unwrap()
+        .ports
+        .clone()
+        .unwrap();
+    let ports: Vec<_> = ports
+        .iter()
+        .map(|p| (p.name.as_deref().unwrap(), p.port, p.target_port.clone()))
+        .collect();
+    use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::String as Named;
+    assert_eq!(
+        ports,
+        [
+            ("http", 80, Some(Named("http".into()))),
+            ("https", 443, Some(Named("https".into())))
+        ]
+    );
+    let pod = children.deployment.spec.unwrap().template.spec.unwrap();
+    let container = &pod.containers[0];
+    let ports: Vec<_> = container
+        .ports
+        .as_ref()
+        .unwrap()
+        .iter()
+        .map(|p| (p.name.as_deref().unwrap(), p.container_port))
+        .collect();
+    assert_eq!(ports, [("http", 8080), ("https", 8443)]);
+    // The probes stay on plain HTTP.
+    let probe = container
+        .readiness_probe
+        .as_ref()
+        .unwrap()
+        .http_get
+        .as_ref()
+        .unwrap();
+    assert_eq!(
+        probe.port,
+        k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::String("http".into())
+    );
+    let mount = container
+        .volume_mounts
+        .as_ref()
+        .unwrap()
+        .iter()
+        .find(|m| m.mount_path == nginx::TLS_DIR)
+        .unwrap();
+    assert_eq!(mount.read_only, Some(true));
+    let volume = pod
+        .volumes
+        .as_ref()
+        .unwrap()
+        .iter()
+        .find(|v| v.name == mount.name)
+        .unwrap();
+    let secret = volume.secret.as_ref().unwrap();
+    assert_eq!(secret.secret_name.as_deref(), Some("edge-tls"));
+    let items: Vec<_> = secret
+        .items
+        .as_ref()
+        .unwrap()
+        .iter()
+        .map(|i| (i.key.as_str(), i.path.as_str()))
+        .collect();
+    assert_eq!(items, [("tls.crt", "tls.crt"), ("tls.key", "tls.key")]);
+
+    // The entrypoint also reloads nginx when the certificate or key changes.
+    let data = children.config_map.data.as_ref().unwrap();
+    assert_eq!(data[ENTRYPOINT_KEY], build::entrypoint(true));
+    assert_ne!(data[ENTRYPOINT_KEY], ENTRYPOINT);
+    let conf = &data[CONFIG_KEY];
+    for line in [
+        "        listen 8080;\n        # HTTPS",
+        "        listen 8443 ssl;\n        http2 on;\n",
+        "        ssl_certificate /etc/nginx/tls/tls.crt;\n        ssl_certificate_key /etc/nginx/tls/tls.key;\n",
+        "        ssl_protocols TLSv1.2 TLSv1.3;\n",
+        "        ssl_prefer_server_ciphers off;\n",
+        "        ssl_session_tickets off;\n",
+        "        ssl_stapling on;\n        ssl_stapling_verify on;\n",
+    ] {
+        assert!(conf.contains(line), "{line:?} in\n{conf}");
+    }
+    // One server, so one set of routes for both ports.
+    assert_eq!(conf.matches("\n    server {").count(), 1);
+    assert_eq!(conf.matches("location ~ \"^/live/\"").count(), 1);
+
+    // Without TLS, as before: nothing of it.
+    let plain_data = plain.config_map.data.unwrap();
+    assert_eq!(plain_data[ENTRYPOINT_KEY], ENTRYPOINT);
+    assert!(!plain_data[CONFIG_KEY].contains("ssl"));
+    assert_eq!(plain.service.spec.unwrap().ports.unwrap().len(), 1);
+}
+
+#[test]
+fn a_redirect_leaves_plain_http_the_probes_and_301s() {
+    let all = seed();
+    let edge = with_tls(all[0].clone(), true);
+    let ups = sources::resolve(&edge, world(&all), sources::DEFAULT_CLUSTER_DOMAIN).unwrap();
+    let conf = build::config(&edge, &ups, &Paths::default());
+    let servers: Vec<&str> = conf.split("\n    server {\n").skip(1).collect();
+    assert_eq!(servers.len(), 2, "{conf}");
+    let (plain, routes) = (servers[0], servers[1]);
+    assert!(plain.starts_with("        listen 8080;\n"), "{plain}");
+    assert!(plain.contains("location = /healthz {"));
+    assert!(plain.contains("location / {\n            return 301 https://$host$request_uri;\n"));
+    assert!(!plain.contains("proxy_pass"));
+    assert!(!routes.contains("listen 8080"));
+    assert!(routes.starts_with("        # HTTPS (spec.tls)"), "{routes}");
+    assert!(routes.contains("listen 8443 ssl;"));
+    assert!(routes.contains("proxy_pass"));
+}
+
+#[test]
+fn a_cluster_with_tls_and_no_source_still_has_a_resolver_for_ocsp() {
+    let cache = with_tls(cluster("cache", Role::Cache, vec![]), false);
+    let conf = build::config(&cache, &[], &Paths::default());
+    assert!(conf.contains("    include /tmp/resolver.conf;\n"), "{conf}");
+    let plain = build::config(
+        &cluster("cache", Role::Cache, vec![]),
+        &[],
+        &Paths::default(),
+    );
+    assert!(!plain.contains("resolver"), "as before: {plain}");
+}
+
+#[test]
+fn the_tls_entrypoint_differs_only_in_what_its_watcher_checksums() {
+    assert_eq!(build::entrypoint(false), ENTRYPOINT);
+    let tls = build::entrypoint(true);
+    assert_eq!(
+        tls.matches("cksum \"$conf\" \"$tls_cert\" \"$tls_key\"")
+            .count(),
+        2
+    );
+    assert!(!tls.contains("cksum < "));
+    assert!(tls.contains("\ntls_cert=/etc/nginx/tls/tls.crt\ntls_key=/etc/nginx/tls/tls.key\n"));
+    // Names no other line of the script sets (the resolv.conf loop reads into `key`).
+    for name in ["tls_cert", "tls_key"] {
+        assert!(!ENTRYPOINT.contains(name), "{name}");
+    }
+    // Every other line is the plain script's, in order.
+    let plain: Vec<&str> = ENTRYPOINT.lines().collect();
+    let kept: Vec<&str> = tls.lines().filter(|l| plain.contains(l)).collect();
+    let changed = plain
+        .iter()
+        .filter(|l| !tls.lines().any(|t| t == **l))
+        .count();
+    assert_eq!(changed, 3, "the two checksums and the message");
+    assert_eq!(kept.len(), plain.len() - changed);
+    assert_eq!(tls.lines().count(), plain.len() + 3);
 }
 
 #[test]

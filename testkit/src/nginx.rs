@@ -490,6 +490,23 @@ impl Nginx {
         }
     }
 
+    /// The processes of its sandbox but the sandbox's init, parents before children: pid and
+    /// command line. An nginx master names itself `nginx: master process …`, its workers
+    /// `nginx: worker process`.
+    pub fn processes(&self) -> Vec<(u32, String)> {
+        let mut processes = Vec::new();
+        let mut pending = vec![self.pid];
+        while let Some(pid) = pending.pop() {
+            // A process that has exited meanwhile is skipped.
+            if let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) {
+                let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+                processes.push((pid, cmdline.trim().to_string()));
+            }
+            pending.extend(children(pid));
+        }
+        processes
+    }
+
     fn running(&self) -> bool {
         // Without reaping: `Child::try_wait` needs `&mut`, and the pid must stay bwrap's.
         std::fs::read_to_string(format!("/proc/{}/stat", self.bwrap.id()))
@@ -581,7 +598,7 @@ mod tests {
         // Built with the modules the generated configurations use.
         let out = run(Sandbox::new().nginx(&["-V"]));
         let build = String::from_utf8_lossy(&out.stderr);
-        for module in ["slice", "realip", "stub_status", "ssl"] {
+        for module in ["slice", "realip", "stub_status", "ssl", "v2"] {
             let flag = format!("--with-http_{module}_module");
             assert!(build.contains(&flag), "no {flag}:\n{build}");
         }

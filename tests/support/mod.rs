@@ -7,6 +7,9 @@
 //! part of it.
 #![allow(dead_code)]
 
+/// HTTPS clients and certificates (tests/nginx.rs, tests/data_plane.rs).
+pub mod tls;
+
 use cdn_operator::api::CdnCluster;
 use cdn_operator::at::Clock;
 use cdn_operator::cdncluster::nginx::SERVICE_PORT_NAME;
