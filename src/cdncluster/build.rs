@@ -70,9 +70,14 @@ case $nameserver in
     *) resolver="$nameserver ipv6=off" ;;
 esac
 echo "resolver $resolver valid=5s;" > /tmp/resolver.conf
+# Set before nginx starts: the shell is the container's PID 1, which ignores a signal it has no
+# trap for. A stop signal that comes before nginx has started stops it as soon as it has.
+nginx=
+stopping=
+trap 'stopping=1; [ -z "$nginx" ] || kill -QUIT "$nginx" 2>/dev/null' TERM QUIT INT
 nginx -e stderr -c "$conf" -g 'daemon off;' &
 nginx=$!
-trap 'kill -QUIT "$nginx" 2>/dev/null' TERM QUIT INT
+[ -z "$stopping" ] || kill -QUIT "$nginx" 2>/dev/null
 (
     applied=$(cksum < "$conf")
     while sleep 2; do
@@ -241,7 +246,8 @@ fn cache_tuning(cluster: &CdnCluster) -> CacheTuning {
     }
 }
 
-/// How `cluster` identifies requests: its spec, with its role's defaults.
+/// How `cluster` identifies requests (its spec, with its role's defaults), and how long a stop
+/// waits for the requests in flight.
 fn http_tuning(cluster: &CdnCluster) -> HttpTuning {
     let defaults = HttpTuning::for_role(cluster.spec.role);
     let spec = cluster.spec.http.as_deref().cloned().unwrap_or_default();
@@ -250,7 +256,21 @@ fn http_tuning(cluster: &CdnCluster) -> HttpTuning {
         excluded_query_parameters: spec
             .excluded_query_parameters
             .unwrap_or(defaults.excluded_query_parameters),
+        shutdown_timeout_seconds: Some(shutdown_timeout_seconds(cluster)),
     }
+}
+
+/// The seconds nginx gives the requests in flight once told to quit: the pod's grace less the
+/// stop delay that comes first, and a few seconds for nginx to close them and exit before the
+/// kubelet kills it.
+pub fn shutdown_timeout_seconds(cluster: &CdnCluster) -> i64 {
+    let grace = cluster
+        .spec
+        .pods
+        .as_deref()
+        .and_then(|pods| pods.termination_grace_period_seconds)
+        .unwrap_or(DEFAULT_TERMINATION_GRACE_SECONDS);
+    (grace - STOP_DELAY_SECONDS - 3).max(1)
 }
 
 /// The room a cache of `size` takes on disk, in MiB: nginx's `max_size` is kept by a cache

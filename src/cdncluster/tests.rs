@@ -1449,3 +1449,20 @@ fn a_cluster_domain_is_checked() {
         assert!(error.contains("is not a DNS domain"), "{bad:?}: {error}");
     }
 }
+
+#[test]
+fn nginx_closes_the_requests_in_flight_itself_before_the_pod_is_killed() {
+    let mut cluster = seed().remove(1);
+    // 60 s of grace by default, of which 5 s of stop delay come first.
+    assert_eq!(build::shutdown_timeout_seconds(&cluster), 52);
+    let conf = build::config(&cluster, &[], &Paths::default());
+    assert!(conf.contains("\nworker_shutdown_timeout 52s;\n"), "{conf}");
+    cluster.spec.pods = Some(Box::new(crate::api::Pods {
+        termination_grace_period_seconds: Some(600),
+        ..Default::default()
+    }));
+    assert_eq!(build::shutdown_timeout_seconds(&cluster), 592);
+    let deployment = build::children(&cluster, &[], &RunAs::default()).deployment;
+    let pod = deployment.spec.unwrap().template.spec.unwrap();
+    assert_eq!(pod.termination_grace_period_seconds, Some(600));
+}
