@@ -55,7 +55,7 @@ impl Harness {
             shared: Shared::new(
                 fake.client.clone(),
                 Events::new(fake.client.clone(), None),
-                CachesReady::already(),
+                CachesReady::default(),
             ),
             ats: at_store,
             pods: pod_store,

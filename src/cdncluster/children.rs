@@ -77,11 +77,23 @@ async fn apply_service(
         return apply_over(ctx, namespace, observed, desired).await;
     };
     tracing::info!(%namespace, %name, headless, "creating the Service again: its address cannot change");
-    let api: Api<Service> = Api::namespaced(ctx.shared.client.clone(), namespace);
-    apply::delete_at(&api, &name, &old.version)
-        .await
-        .map_err(Error::apply_child::<Service>(name))?;
+    delete_child::<Service>(ctx, namespace, &name, old).await?;
     apply_over(ctx, namespace, None, desired).await
+}
+
+/// Deletes the child `K` named `name` if it is still at its cached version `old` (the one delete
+/// path of the children).
+async fn delete_child<K: Child>(
+    ctx: &Context,
+    namespace: &str,
+    name: &str,
+    old: &Record,
+) -> Result<(), Error> {
+    let api: Api<K> = Api::namespaced(ctx.shared.client.clone(), namespace);
+    apply::delete_at(&api, name, &old.version)
+        .await
+        .map_err(Error::apply_child::<K>(name.to_string()))?;
+    Ok(())
 }
 
 /// What became of a child a cluster has only in some cases (a PodDisruptionBudget, an Ingress).
@@ -120,10 +132,7 @@ async fn apply_optional<K: Child>(
     let Some(old) = cache.get(namespace, name) else {
         return Ok(Optional::None);
     };
-    let api: Api<K> = Api::namespaced(ctx.shared.client.clone(), namespace);
-    apply::delete_at(&api, name, &old.version)
-        .await
-        .map_err(Error::apply_child::<K>(name.to_string()))?;
+    delete_child::<K>(ctx, namespace, name, &old).await?;
     tracing::info!(%namespace, %name, kind = %K::kind(&()), "deleted: the spec no longer asks for it");
     Ok(Optional::Deleted(old))
 }

@@ -344,11 +344,6 @@ impl Default for CachesReady {
 }
 
 impl CachesReady {
-    /// Open from the start (tests, caches filled by hand).
-    pub fn already() -> Self {
-        CachesReady::default()
-    }
-
     /// One more watch to wait for; it opens its part with [`FirstList::done`].
     fn expect(&self) -> FirstList {
         self.pending.send_modify(|pending| *pending += 1);

@@ -9,6 +9,7 @@ use std::hash::Hash;
 
 /// A step of a list of every object, which replaces what an index holds: it may go on answering
 /// from what it had until [`Reset::Done`] (a list that fails half-way leaves it as it was).
+#[derive(Debug)]
 pub enum Reset<'a, K> {
     /// A list begins.
     Begin,
@@ -28,6 +29,15 @@ pub trait Index<K>: Send + 'static {
     /// A step of a list that replaces the whole index.
     fn reset(&mut self, step: Reset<'_, K>);
 }
+
+// By hand: derived, they would ask `K: Copy`, and a step only borrows its object.
+impl<K> Clone for Reset<'_, K> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<K> Copy for Reset<'_, K> {}
 
 /// Feeds `event` to `index`; returns what [`Index::apply`] returned for an update, true otherwise.
 pub fn feed<K, I: Index<K> + ?Sized>(index: &mut I, event: &Event<K>) -> bool {
@@ -64,13 +74,8 @@ impl<K, A: Index<K>, B: Index<K>> Index<K> for (A, B) {
     }
 
     fn reset(&mut self, step: Reset<'_, K>) {
-        let again = match &step {
-            Reset::Begin => Reset::Begin,
-            Reset::Listed(object) => Reset::Listed(*object),
-            Reset::Done => Reset::Done,
-        };
         self.0.reset(step);
-        self.1.reset(again);
+        self.1.reset(step);
     }
 }
 

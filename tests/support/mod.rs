@@ -354,7 +354,7 @@ impl FakeApi {
     /// The controller's context, caches as fresh as the watches would make them.
     pub async fn context(&self, events: Events) -> Arc<Context> {
         Arc::new(Context {
-            shared: Shared::new(self.client.clone(), events, CachesReady::already()),
+            shared: Shared::new(self.client.clone(), events, CachesReady::default()),
             clusters: self.store().await,
             cluster_arrivals: Default::default(),
             deployments: self.records::<Deployment>().await,
