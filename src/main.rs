@@ -35,6 +35,8 @@ enum Command {
     Graph(cdn_operator::cli::graph::Args),
     /// Print the CustomResourceDefinitions as YAML, generated from the code.
     Crd,
+    /// The sidecar of the CdnClusters' pods: count nginx's requests and serve them on /metrics.
+    NginxMetrics(cdn_operator::nginx_metrics::Args),
     /// Print the version.
     Version,
 }
@@ -66,5 +68,6 @@ fn main() -> ExitCode {
         Command::Run(args) => cdn_operator::run::main(*args),
         Command::Render(args) => cdn_operator::cli::render::main(args),
         Command::Graph(args) => cdn_operator::cli::graph::main(args),
+        Command::NginxMetrics(args) => cdn_operator::nginx_metrics::main(args),
     }
 }

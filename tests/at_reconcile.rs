@@ -326,6 +326,7 @@ async fn the_seed_example_runs_at_once() {
     let rendered = cdn_operator::cli::render::render(
         &exported,
         &Default::default(),
+        &Default::default(),
         cdn_operator::cdncluster::sources::DEFAULT_CLUSTER_DOMAIN,
     )
     .expect("a valid At");

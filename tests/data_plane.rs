@@ -129,13 +129,22 @@ struct World {
     origin: Nginx,
     /// The Services' names, in the DNS server the CdnClusters' nginx asks.
     names: Names,
+    /// Each instance counted by a metrics sidecar (`cdn-operator nginx-metrics`), started
+    /// before its nginx as the pod starts it.
+    counted: bool,
+    sidecars: Vec<(String, Sidecar)>,
     /// Last: removed once everything that writes in it has stopped (fields drop in order).
     dir: tempfile::TempDir,
 }
 
 impl World {
     fn start(net: u8, clusters: Vec<CdnCluster>) -> World {
-        World::start_with_secret(net, clusters, None)
+        World::start_with_secret(net, clusters, None, false)
+    }
+
+    /// [`World::start`], each instance with its metrics sidecar.
+    fn start_counted(net: u8, clusters: Vec<CdnCluster>) -> World {
+        World::start_with_secret(net, clusters, None, true)
     }
 
     /// [`World::start`], the CdnClusters that set `tls` serving `certificate`: the files of their
@@ -144,6 +153,7 @@ impl World {
         net: u8,
         clusters: Vec<CdnCluster>,
         certificate: Option<&ServerCertificate>,
+        counted: bool,
     ) -> World {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
@@ -174,6 +184,8 @@ impl World {
             clusters,
             origin,
             running: Vec::new(),
+            counted,
+            sidecars: Vec::new(),
         };
         for name in ["cache-a", "cache-b", "edge"] {
             world.run(name);
@@ -216,8 +228,14 @@ impl World {
             temp_dir: own.to_str().unwrap().into(),
             cache_dir: own.to_str().unwrap().into(),
         };
+        if self.counted {
+            let sidecar = Sidecar::start(self.cluster(name), &own, &format!("{host}:9113"));
+            self.sidecars.push((instance.into(), sidecar));
+        }
         let cluster = self.cluster(name);
-        let conf = self.names.config(cluster, &self.clusters, &paths);
+        let conf = self
+            .names
+            .config_counted(cluster, &self.clusters, &paths, self.counted);
         let sandbox = if cluster.spec.tls.is_some() {
             self.sandbox
                 .clone()
@@ -227,6 +245,22 @@ impl World {
         };
         let nginx = Nginx::start(&sandbox, instance, &conf, self.path(), &paths.listen);
         self.running.push((instance.into(), nginx));
+    }
+
+    /// Stops the instance `instance`'s nginx, its sidecar left running.
+    fn stop(&mut self, instance: &str) {
+        let at = self
+            .running
+            .iter()
+            .position(|(i, _)| i == instance)
+            .unwrap();
+        self.running.remove(at).1.stop();
+    }
+
+    /// What the metrics sidecar of `instance` serves (the classic text format).
+    fn metrics(&self, instance: &str) -> String {
+        let (_, sidecar) = self.sidecars.iter().find(|(i, _)| i == instance).unwrap();
+        sidecar.scrape()
     }
 
     /// Writes the object `path` (from the origin's root) with `body`.
@@ -1243,6 +1277,7 @@ fn https_at_the_edge_serves_the_routes_and_the_cache_over_http2() {
             trusting_loopback(c);
         }),
         Some(&certificate),
+        false,
     );
     let https = tls_address(world.net, "edge");
 
@@ -1326,6 +1361,7 @@ fn a_redirect_sends_plain_http_to_https_but_for_the_probes() {
             }
         }),
         Some(&certificate),
+        false,
     );
     world.put("/vod/seg.ts", b"segment");
     for (method, path, host, location) in [
@@ -1419,7 +1455,7 @@ fn a_renewed_certificate_is_served_within_seconds_without_a_restart_keeping_the_
         cdn_operator::cdncluster::sources::DEFAULT_CLUSTER_DOMAIN,
     )
     .unwrap();
-    let children = build::children(&cache, &upstreams, &Default::default());
+    let children = build::children(&cache, &upstreams, &Default::default(), &Default::default());
     let (plain, https) = ("127.0.14.31:8080", "127.0.14.31:8443");
     let paths = Paths {
         listen: plain.into(),
@@ -1575,4 +1611,219 @@ fn a_renewed_certificate_is_served_within_seconds_without_a_restart_keeping_the_
         "{said}"
     );
     drop(nginx);
+}
+
+/// The metrics sidecar of an instance (`cdn-operator nginx-metrics`), as the pod runs it: its
+/// sockets in the instance's temp folder, its cache folder measured; stopped when dropped.
+struct Sidecar {
+    child: std::process::Child,
+    listen: String,
+}
+
+impl Sidecar {
+    /// Starts the sidecar of an instance of `cluster` whose folders are `own`, serving on
+    /// `listen`; returns once it serves.
+    fn start(cluster: &CdnCluster, own: &Path, listen: &str) -> Sidecar {
+        use cdn_operator::cdncluster::nginx::{METRICS_SOCKET, STATUS_SOCKET};
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_cdn-operator"));
+        command
+            .arg("nginx-metrics")
+            .arg("--socket")
+            .arg(own.join(METRICS_SOCKET))
+            .arg("--nginx-status")
+            .arg(own.join(STATUS_SOCKET))
+            .args(["--listen", listen])
+            .args(["--cdncluster", cluster.metadata.name.as_deref().unwrap()])
+            .args(["--role", cluster.spec.role.as_str()]);
+        if cluster.spec.role == Role::Cache {
+            command
+                .arg("--cache-dir")
+                .arg(own)
+                .args(["--cache-max-size", "1073741824"]);
+        }
+        let child = command
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::inherit())
+            .spawn()
+            .expect("the sidecar starts");
+        let sidecar = Sidecar {
+            child,
+            listen: listen.into(),
+        };
+        let serving = settle(
+            Duration::from_secs(10),
+            Duration::from_millis(20),
+            || TcpStream::connect(listen).is_ok(),
+            |up| *up,
+        );
+        assert!(serving, "the sidecar serves on {listen}");
+        sidecar
+    }
+
+    fn scrape(&self) -> String {
+        let reply = request(&self.listen, "GET", "/metrics", &[], b"").unwrap();
+        assert_eq!(reply.status, 200, "{}", reply.body);
+        reply.body
+    }
+}
+
+impl Drop for Sidecar {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The sum of the series `name` of an exposition whose labels include `labels` (written in the
+/// order served); 0 when there is none.
+fn count(text: &str, name: &str, labels: &str) -> f64 {
+    cdn_operator_testkit::metric_sum(text, name, labels).unwrap_or(0.0)
+}
+
+#[test]
+fn every_pod_counts_its_requests_hits_misses_slices_and_errors() {
+    let mut world = World::start_counted(17, topology(|_| {}));
+    // What each pod counted of its start (the lookups' probes): the figures below are what the
+    // mix adds to it.
+    let instances = ["edge", "cache-a", "cache-b"];
+    let lines = |world: &World, instance: &str| {
+        count(
+            &world.metrics(instance),
+            "cdn_log_lines_total",
+            r#"result="counted""#,
+        )
+    };
+    // Every line is in before the figures are read: nginx logs a request after its last byte.
+    let settled = |world: &World| {
+        for instance in instances {
+            let last = std::cell::Cell::new(-1.0);
+            settle(
+                Duration::from_secs(5),
+                Duration::from_millis(200),
+                || lines(world, instance),
+                |&now| last.replace(now) == now,
+            );
+        }
+        instances.map(|instance| world.metrics(instance))
+    };
+    let [edge_before, cache_a_before, cache_b_before] = settled(&world);
+    world.put("/obj/a", &[b'a'; 1024]);
+    // Four slices of 1 MiB: three fetched by subrequests.
+    world.put("/big.ts", &vec![b'v'; 3_500_000]);
+    let expect = |world: &World, path: &str, status: u16, cache: &str| {
+        let r = world.get(path, &[]);
+        assert_eq!(r.status, status, "{path}: {}", r.body);
+        assert_eq!(r.header(CACHE_STATUS_HEADER), Some(cache), "{path}");
+        r
+    };
+    expect(&world, "/obj/a", 200, "MISS");
+    expect(&world, "/obj/a", 200, "HIT");
+    let big = expect(&world, "/big.ts", 200, "MISS");
+    assert_eq!(big.body.len(), 3_500_000);
+    expect(&world, "/err/x", 503, "MISS");
+    expect(&world, "/missing", 404, "MISS");
+
+    // One cache stops: the balancer's attempts at it are refused, and the other cache answers.
+    world.stop("cache-a");
+    let (mut fetched, mut refused) = (0u32, 0u32);
+    while refused == 0 || fetched < 4 {
+        assert!(fetched < 40, "no object of the ring's is cache-a's");
+        world.put(&format!("/obj/f{fetched}"), b"f");
+        let r = expect(&world, &format!("/obj/f{fetched}"), 200, "MISS");
+        // The members tried, those refused first: `A, B`.
+        refused += r.header(UPSTREAM_HEADER).unwrap().matches(',').count() as u32;
+        fetched += 1;
+    }
+
+    let [edge, cache_a, cache_b] = settled(&world);
+    let at_caches = |name: &str, labels: &str| -> f64 {
+        count(&cache_a, name, labels) - count(&cache_a_before, name, labels)
+            + count(&cache_b, name, labels)
+            - count(&cache_b_before, name, labels)
+    };
+    let origin = r#"source="origin",source_kind="origin""#;
+    let requests = |class: &str, cache: &str| {
+        at_caches(
+            "cdn_requests_total",
+            &format!(r#"{origin},status_class="{class}",cache_status="{cache}""#),
+        )
+    };
+    let fetched = f64::from(fetched);
+    assert_eq!(requests("2xx", "MISS"), 2.0 + fetched);
+    assert_eq!(requests("2xx", "HIT"), 1.0);
+    assert_eq!(requests("5xx", "MISS"), 1.0);
+    assert_eq!(requests("4xx", "MISS"), 1.0);
+    // Every attempt at the origin: each slice of the large object is one.
+    assert_eq!(
+        at_caches("cdn_upstream_response_seconds_count", origin),
+        1.0 + 4.0 + 1.0 + 1.0 + fetched
+    );
+    assert_eq!(
+        at_caches(
+            "cdn_upstream_errors_total",
+            &format!(r#"{origin},kind="http_5xx""#)
+        ),
+        1.0
+    );
+    // The bytes the caches received from the origin: its bodies, and a header each.
+    let bodies: f64 = world.served().iter().map(|s| s.bytes as f64).sum();
+    let received = at_caches("cdn_upstream_received_bytes_total", origin);
+    let answers = 1.0 + 4.0 + 1.0 + 1.0 + fetched;
+    assert!(
+        received >= bodies && received <= bodies + answers * 1024.0,
+        "received {received}, the origin's bodies {bodies}"
+    );
+
+    let tier = r#"source="cache-a+cache-b",source_kind="cdncluster""#;
+    let at_edge =
+        |name: &str, labels: &str| count(&edge, name, labels) - count(&edge_before, name, labels);
+    let edge_requests = |class: &str| {
+        at_edge(
+            "cdn_requests_total",
+            &format!(r#"{tier},status_class="{class}",cache_status="NONE""#),
+        )
+    };
+    assert_eq!(edge_requests("2xx"), 3.0 + fetched);
+    assert_eq!(edge_requests("5xx"), 1.0);
+    assert_eq!(edge_requests("4xx"), 1.0);
+    assert_eq!(
+        at_edge(
+            "cdn_upstream_errors_total",
+            &format!(r#"{tier},kind="error""#)
+        ),
+        f64::from(refused)
+    );
+    // The 503 a cache relayed is an answer, not the cache failing.
+    assert_eq!(
+        at_edge(
+            "cdn_upstream_errors_total",
+            &format!(r#"{tier},kind="http_5xx""#)
+        ),
+        1.0
+    );
+    assert_eq!(
+        at_edge("cdn_upstream_response_seconds_count", tier),
+        5.0 + fetched + f64::from(refused)
+    );
+    assert!(at_edge("cdn_sent_bytes_total", tier) > 3_500_000.0 + 1024.0);
+
+    for (instance, up) in [("edge", 1.0), ("cache-b", 1.0), ("cache-a", 0.0)] {
+        let text = world.metrics(instance);
+        assert_eq!(count(&text, "cdn_nginx_up", ""), up, "{instance}: {text}");
+        assert_eq!(
+            count(&text, "cdn_log_lines_total", r#"result="unreadable""#),
+            0.0,
+            "{instance}"
+        );
+        let (ok, said) = cdn_operator_testkit::promtool_check_metrics(&text);
+        assert!(ok, "promtool check metrics on {instance}'s: {said}\n{text}");
+    }
+    // The status page's own connection is one.
+    assert!(count(&cache_b, "cdn_connections", r#"state="active""#) >= 1.0);
+    assert_eq!(
+        count(&cache_b, "cdn_cache_max_size_bytes", ""),
+        1073741824.0
+    );
+    assert!(count(&cache_b, "cdn_cache_filesystem_size_bytes", "") > 0.0);
+    assert!(count(&cache_b, "cdn_cache_filesystem_avail_bytes", "") > 0.0);
 }

@@ -823,7 +823,7 @@ fn the_pod_runs_nginx_as_any_uid_writing_only_to_its_empty_dirs() {
             cdn_operator::cdncluster::sources::DEFAULT_CLUSTER_DOMAIN,
         )
         .unwrap();
-        let children = build::children(&c, &upstreams, &Default::default());
+        let children = build::children(&c, &upstreams, &Default::default(), &Default::default());
         let psc = pod_spec(&children.deployment)
             .security_context
             .as_ref()
@@ -838,6 +838,7 @@ fn the_pod_runs_nginx_as_any_uid_writing_only_to_its_empty_dirs() {
                 listen: addr.into(),
                 ..Paths::default()
             },
+            false,
         );
         let shipped = &children.config_map.data.as_ref().unwrap()[build::CONFIG_KEY];
         assert_eq!(conf.replace(addr, "8080"), *shipped);

@@ -69,7 +69,12 @@ fn desired(name: &str) -> build::Children {
         cdn_operator::cdncluster::sources::DEFAULT_CLUSTER_DOMAIN,
     )
     .expect("the seed resolves");
-    build::children(cluster, &upstreams, &Default::default())
+    build::children(
+        cluster,
+        &upstreams,
+        &Default::default(),
+        &Default::default(),
+    )
 }
 
 fn change<K>(mut desired: K, observed: &str) -> Option<Change>
@@ -249,7 +254,7 @@ fn hand_edits_on_the_real_server_are_restored() {
 fn a_new_spec_is_an_update() {
     let mut cluster: CdnCluster = typed("cdncluster-cache-live");
     cluster.spec.replicas = 3;
-    let children = build::children(&cluster, &[], &Default::default());
+    let children = build::children(&cluster, &[], &Default::default(), &Default::default());
     assert_eq!(
         change(children.deployment, "deployment-cache-live"),
         Some(Change::Updated)

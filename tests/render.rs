@@ -181,6 +181,7 @@ async fn the_messages_are_those_of_the_ready_condition() {
     let problems = render(
         &manifests,
         &Default::default(),
+        &Default::default(),
         cdn_operator::cdncluster::sources::DEFAULT_CLUSTER_DOMAIN,
     )
     .unwrap_err();
@@ -344,6 +345,7 @@ async fn render_prints_what_the_reconcile_applies() {
     let rendered = render(
         &exported,
         &Default::default(),
+        &Default::default(),
         cdn_operator::cdncluster::sources::DEFAULT_CLUSTER_DOMAIN,
     )
     .expect("the seed examples are valid");
@@ -358,6 +360,7 @@ async fn render_prints_what_the_reconcile_applies() {
     // names the sources' Services, not their uids).
     let from_files = render(
         &files,
+        &Default::default(),
         &Default::default(),
         cdn_operator::cdncluster::sources::DEFAULT_CLUSTER_DOMAIN,
     )

@@ -110,21 +110,29 @@ fn answer((ok, text): (bool, String)) -> Response {
         .into_response()
 }
 
-/// `/metrics`: OpenMetrics when the scraper asks for it (Prometheus does), else the classic
-/// Prometheus text format.
+/// `/metrics` of the operator's [`Metrics`].
 pub fn metrics(metrics: Arc<Metrics>) -> Router {
-    Router::new()
-        .route(
-            "/metrics",
-            get(
-                |State(m): State<Arc<Metrics>>, headers: axum::http::HeaderMap| async move {
-                    let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
-                    let (content_type, body) = exposition::negotiate(&m, accept);
-                    ([(header::CONTENT_TYPE, content_type)], body).into_response()
-                },
-            ),
-        )
-        .with_state(metrics)
+    exposition(move || {
+        let metrics = metrics.clone();
+        async move { metrics.encode() }
+    })
+}
+
+/// `/metrics` serving the OpenMetrics text `encode` makes at each scrape: as it is when the
+/// scraper asks for it (Prometheus does), else in the classic Prometheus text format.
+pub fn exposition<F, Made>(encode: F) -> Router
+where
+    F: Fn() -> Made + Clone + Send + Sync + 'static,
+    Made: Future<Output = String> + Send + 'static,
+{
+    Router::new().route(
+        "/metrics",
+        get(move |headers: axum::http::HeaderMap| async move {
+            let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
+            let (content_type, body) = exposition::negotiate(encode().await, accept);
+            ([(header::CONTENT_TYPE, content_type)], body).into_response()
+        }),
+    )
 }
 
 /// Serves `router` on `listener` until `stop` completes, then finishes the requests under way.

@@ -217,12 +217,11 @@ impl Metrics {
     }
 }
 
-/// The exposition for `Accept`: OpenMetrics when asked for, else the classic text format. Two
-/// formats, because readers of the classic one (promtool check metrics, older scrapers, curl
-/// users' tools) take OpenMetrics counters, named without `_total`, for families with no HELP
-/// (`tests/process/probes_and_metrics.rs` shows promtool doing so).
-pub fn negotiate(metrics: &Metrics, accept: Option<&str>) -> (&'static str, String) {
-    let openmetrics = metrics.encode();
+/// The exposition for `Accept`, from its OpenMetrics text: as it is when asked for, else in the
+/// classic text format. Two formats, because readers of the classic one (promtool check metrics,
+/// older scrapers, curl users' tools) take OpenMetrics counters, named without `_total`, for
+/// families with no HELP (`tests/process/probes_and_metrics.rs` shows promtool doing so).
+pub fn negotiate(openmetrics: String, accept: Option<&str>) -> (&'static str, String) {
     if accept.is_some_and(|a| a.contains("application/openmetrics-text")) {
         (OPENMETRICS, openmetrics)
     } else {
@@ -437,12 +436,12 @@ mod tests {
             .controller("widgets", 1)
             .observe(Outcome::Success, 0.1);
         let (content_type, om) = negotiate(
-            &metrics,
+            metrics.encode(),
             Some("application/openmetrics-text;version=1.0.0,text/plain;q=0.5"),
         );
         assert_eq!(content_type, OPENMETRICS);
         assert!(om.contains("# TYPE controller_runtime_reconcile counter\n"));
-        let (content_type, text) = negotiate(&metrics, Some("text/plain"));
+        let (content_type, text) = negotiate(metrics.encode(), Some("text/plain"));
         assert_eq!(content_type, PROMETHEUS_TEXT);
         assert!(
             text.contains(

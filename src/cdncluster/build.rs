@@ -8,6 +8,7 @@ use super::nginx::{
 use super::sources::{SERVICE_PORT, TLS_SERVICE_PORT};
 use crate::api::{CdnCluster, Role};
 use crate::kubernetes::restricted::RunAs;
+use crate::nginx_metrics as metrics;
 use k8s_openapi::api::apps::v1::{
     Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment,
 };
@@ -184,22 +185,60 @@ pub struct Children {
     pub ingress: Option<Ingress>,
 }
 
+/// The metrics sidecar of every CdnCluster pod (`cdn-operator nginx-metrics`), as the operator's
+/// flags set it.
+#[derive(clap::Args, Debug, Clone, Default, PartialEq, Eq)]
+pub struct MetricsSidecar {
+    /// The image of the metrics sidecar added to every CdnCluster pod: the operator's own (its
+    /// `nginx-metrics` command). Unset or empty: no sidecar, and nginx counts nothing. A new
+    /// image rolls every CdnCluster's pods.
+    #[arg(
+        long = "nginx-metrics-image",
+        env = "RELATED_IMAGE_NGINX_METRICS",
+        value_name = "IMAGE"
+    )]
+    pub image: Option<String>,
+}
+
+impl MetricsSidecar {
+    /// The sidecar's image, when there is one.
+    pub fn image(&self) -> Option<&str> {
+        self.image.as_deref().filter(|image| !image.is_empty())
+    }
+}
+
 /// Builds the children of `cluster` whose sources resolved to `upstreams`, its pods running as
-/// `run_as` pins them.
-pub fn children(cluster: &CdnCluster, upstreams: &[Upstream], run_as: &RunAs) -> Children {
+/// `run_as` pins them, with the `metrics` sidecar when it has an image.
+pub fn children(
+    cluster: &CdnCluster,
+    upstreams: &[Upstream],
+    run_as: &RunAs,
+    metrics: &MetricsSidecar,
+) -> Children {
     let name = cluster.name_any();
-    let config = config(cluster, upstreams, &Paths::default());
+    let config = config(
+        cluster,
+        upstreams,
+        &Paths::default(),
+        metrics.image().is_some(),
+    );
     Children {
         config_map: config_map(cluster, config),
-        deployment: deployment(cluster, run_as),
+        deployment: deployment(cluster, run_as, metrics.image()),
         service: service(cluster, &name),
         pod_disruption_budget: pod_disruption_budget(cluster),
         ingress: ingress(cluster, &name),
     }
 }
 
-/// The nginx configuration of `cluster`, with files under `paths`.
-pub fn config(cluster: &CdnCluster, upstreams: &[Upstream], paths: &Paths) -> String {
+/// The nginx configuration of `cluster`, with files under `paths`; each request counted by the
+/// metrics sidecar with `metrics`.
+pub fn config(
+    cluster: &CdnCluster,
+    upstreams: &[Upstream],
+    paths: &Paths,
+    metrics: bool,
+) -> String {
     let title = format!(
         "CdnCluster {}/{}",
         cluster.namespace().unwrap_or_default(),
@@ -210,7 +249,7 @@ pub fn config(cluster: &CdnCluster, upstreams: &[Upstream], paths: &Paths) -> St
         cluster.spec.role,
         upstreams,
         &cache_tuning(cluster),
-        &http_tuning(cluster),
+        &http_tuning(cluster, metrics),
         tls_tuning(cluster).as_ref(),
         paths,
     )
@@ -246,9 +285,9 @@ fn cache_tuning(cluster: &CdnCluster) -> CacheTuning {
     }
 }
 
-/// How `cluster` identifies requests (its spec, with its role's defaults), and how long a stop
-/// waits for the requests in flight.
-fn http_tuning(cluster: &CdnCluster) -> HttpTuning {
+/// How `cluster` identifies requests (its spec, with its role's defaults), how long a stop waits
+/// for the requests in flight, and whether the requests are counted (`metrics`).
+fn http_tuning(cluster: &CdnCluster, metrics: bool) -> HttpTuning {
     let defaults = HttpTuning::for_role(cluster.spec.role);
     let spec = cluster.spec.http.as_deref().cloned().unwrap_or_default();
     HttpTuning {
@@ -257,6 +296,7 @@ fn http_tuning(cluster: &CdnCluster) -> HttpTuning {
             .excluded_query_parameters
             .unwrap_or(defaults.excluded_query_parameters),
         shutdown_timeout_seconds: Some(shutdown_timeout_seconds(cluster)),
+        metrics,
     }
 }
 
@@ -521,7 +561,82 @@ fn resources(cluster: &CdnCluster, cache_volume: Option<&Quantity>) -> ResourceR
     resources
 }
 
-fn deployment(cluster: &CdnCluster, run_as: &RunAs) -> Deployment {
+/// The metrics sidecar of `cluster`'s pods: started before nginx and stopped after it (a
+/// restartable init container), so it counts every request; it reads what nginx writes in the
+/// shared temp folder, and a cache's filesystem.
+fn metrics_sidecar(cluster: &CdnCluster, image: &str) -> Container {
+    let paths = Paths::default();
+    let tmp = &paths.temp_dir;
+    let mut args: Vec<String> = [
+        "nginx-metrics".to_string(),
+        "--socket".into(),
+        format!("{tmp}/{}", nginx::METRICS_SOCKET),
+        "--nginx-status".into(),
+        format!("{tmp}/{}", nginx::STATUS_SOCKET),
+        "--listen".into(),
+        format!(":{}", metrics::PORT),
+        "--cdncluster".into(),
+        cluster.name_any(),
+        "--role".into(),
+        cluster.spec.role.as_str().into(),
+    ]
+    .into();
+    let mut mounts = vec![VolumeMount {
+        name: "tmp".into(),
+        mount_path: tmp.clone(),
+        ..VolumeMount::default()
+    }];
+    if cluster.spec.role == Role::Cache {
+        let size = cache_tuning(cluster).size;
+        args.extend([
+            "--cache-dir".into(),
+            paths.cache_dir.clone(),
+            "--cache-max-size".into(),
+            size_bytes(&size).unwrap_or(0).to_string(),
+        ]);
+        mounts.push(VolumeMount {
+            name: "cache".into(),
+            mount_path: paths.cache_dir,
+            read_only: Some(true),
+            ..VolumeMount::default()
+        });
+    }
+    Container {
+        name: metrics::PORT_NAME.into(),
+        image: Some(image.into()),
+        args: Some(args),
+        restart_policy: Some("Always".into()),
+        ports: Some(vec![ContainerPort {
+            name: Some(metrics::PORT_NAME.into()),
+            container_port: i32::from(metrics::PORT),
+            protocol: Some("TCP".into()),
+            ..ContainerPort::default()
+        }]),
+        liveness_probe: Some(Probe {
+            http_get: Some(HTTPGetAction {
+                path: Some("/healthz".into()),
+                port: IntOrString::String(metrics::PORT_NAME.into()),
+                ..HTTPGetAction::default()
+            }),
+            period_seconds: Some(10),
+            ..Probe::default()
+        }),
+        // A few MiB: bounded series, one thread receiving.
+        resources: Some(ResourceRequirements {
+            requests: Some(BTreeMap::from([
+                ("cpu".into(), Quantity("10m".into())),
+                ("memory".into(), Quantity("16Mi".into())),
+            ])),
+            limits: Some(BTreeMap::from([("memory".into(), Quantity("64Mi".into()))])),
+            ..ResourceRequirements::default()
+        }),
+        security_context: Some(crate::kubernetes::restricted::container()),
+        volume_mounts: Some(mounts),
+        ..Container::default()
+    }
+}
+
+fn deployment(cluster: &CdnCluster, run_as: &RunAs, metrics_image: Option<&str>) -> Deployment {
     let name = cluster.name_any();
     let deployment_name = deployment_name(&name);
     let selector = pod_selector(&name);
@@ -682,6 +797,8 @@ fn deployment(cluster: &CdnCluster, run_as: &RunAs) -> Deployment {
                     automount_service_account_token: Some(false),
                     enable_service_links: Some(false),
                     security_context: Some(crate::kubernetes::restricted::pod(run_as)),
+                    init_containers: metrics_image
+                        .map(|image| vec![metrics_sidecar(cluster, image)]),
                     containers: vec![container],
                     volumes: Some(volumes),
                     termination_grace_period_seconds: Some(

@@ -58,6 +58,19 @@ pub struct Context {
     pub writes_visible_within: Duration,
     /// The DNS domain of the cluster, in the names of the Services the CdnClusters' nginx looks up.
     pub cluster_domain: String,
+    /// The metrics sidecar of the pods.
+    pub metrics: build::MetricsSidecar,
+}
+
+/// What the operator's flags set of every CdnCluster's children.
+#[derive(Clone, Debug, Default)]
+pub struct Settings {
+    /// The pods' user and groups.
+    pub run_as: RunAs,
+    /// The pods' metrics sidecar.
+    pub metrics: build::MetricsSidecar,
+    /// The DNS domain of the cluster.
+    pub cluster_domain: String,
 }
 
 impl reconcile::Context for Context {
@@ -76,8 +89,7 @@ pub fn controller(
     events: Events,
     leadership: Leadership,
     concurrency: u16,
-    run_as: RunAs,
-    cluster_domain: String,
+    settings: Settings,
 ) -> (Arc<Context>, Controller<CdnCluster>) {
     let children = watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}"));
     let watches = Watches::default();
@@ -127,7 +139,7 @@ pub fn controller(
     let ready = watches.ready;
     let context = Arc::new(Context {
         shared: Shared {
-            run_as,
+            run_as: settings.run_as,
             ..Shared::new(client, events, ready)
         },
         clusters,
@@ -138,7 +150,8 @@ pub fn controller(
         pod_disruption_budgets,
         ingresses,
         writes_visible_within: cache::WRITES_VISIBLE_WITHIN,
-        cluster_domain,
+        cluster_domain: settings.cluster_domain,
+        metrics: settings.metrics,
     });
     (context, controller)
 }
@@ -206,7 +219,7 @@ pub async fn reconcile(cluster: Arc<CdnCluster>, ctx: Arc<Context>) -> Result<Ac
             Observed::Problem(problem)
         }
         Ok(upstreams) => {
-            let desired = build::children(&cluster, upstreams, &ctx.shared.run_as);
+            let desired = build::children(&cluster, upstreams, &ctx.shared.run_as, &ctx.metrics);
             match children::apply(&ctx, &namespace, desired, &mut written).await {
                 Ok(last_known) => {
                     (deployment, failed) = (last_known, None);

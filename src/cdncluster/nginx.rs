@@ -41,6 +41,13 @@ pub const SERVICE_PORT_NAME: &str = "http";
 /// The name of the container and Service ports of HTTPS, when the spec sets `tls`.
 pub const TLS_PORT_NAME: &str = "https";
 
+/// The unix datagram socket, in the temp folder, where nginx sends the metrics sidecar a line per
+/// request (`cdn-operator nginx-metrics`).
+pub const METRICS_SOCKET: &str = "cdn-metrics.sock";
+/// The unix socket, in the temp folder, where nginx serves its connections' status page to the
+/// metrics sidecar: out of the network's reach.
+pub const STATUS_SOCKET: &str = "nginx-status.sock";
+
 /// The file, in the temp folder, where the entrypoint writes nginx's `resolver` directive.
 pub const RESOLVER_FILE: &str = "resolver.conf";
 /// How long nginx keeps what it looked up: a source's new address is followed this fast.
@@ -237,6 +244,9 @@ pub struct HttpTuning {
     /// Seconds nginx's workers have, once told to quit, to finish the requests in flight before
     /// nginx closes them itself (and logs them) rather than being killed; `None`: no limit.
     pub shutdown_timeout_seconds: Option<i64>,
+    /// Each request is counted by the metrics sidecar: a line to [`METRICS_SOCKET`], and the
+    /// status page on [`STATUS_SOCKET`].
+    pub metrics: bool,
 }
 
 impl HttpTuning {
@@ -251,6 +261,7 @@ impl HttpTuning {
             trusted_proxies,
             excluded_query_parameters: Vec::new(),
             shutdown_timeout_seconds: None,
+            metrics: false,
         }
     }
 }
@@ -323,8 +334,7 @@ pub fn render(
          \x20   default_type application/octet-stream;\n\
          \x20   log_format cdn '$remote_addr - [$time_local] \"$request\" $status $body_bytes_sent '\n\
          \x20                  '\"$http_user_agent\" rt=$request_time cache=$upstream_cache_status upstream=$upstream_addr';\n\
-         \x20   # Buffered: a write per request costs a fifth of the throughput of hits.\n\
-         \x20   access_log /dev/stdout cdn buffer=64k flush=1s;\n\
+         {access_log}\
          \x20   server_tokens off;\n\
          \x20   sendfile on;\n\
          \x20   tcp_nopush on;\n\
@@ -336,6 +346,7 @@ pub fn render(
          \x20   uwsgi_temp_path {tmp}/uwsgi;\n\
          \x20   scgi_temp_path {tmp}/scgi;\n",
         role = role.as_str(),
+        access_log = access_log(http.metrics, tmp),
     );
     // The keys zone's size, in MiB, which its name carries too.
     let zone = keys_zone_mib(&cache.size);
@@ -427,12 +438,35 @@ pub fn render(
              \x20       listen {listen};\n",
             listen = paths.listen,
         );
+        if http.metrics {
+            c.push_str(NO_SOURCE);
+        }
         write_health(&mut c);
         c.push_str(
             "\n        location / {\n            return 301 https://$host$request_uri;\n        }\n    }\n",
         );
     }
+    if http.metrics {
+        let _ = write!(
+            c,
+            "\n    # nginx's connections, for the metrics sidecar: on a unix socket, out of the network's reach.\n\
+             \x20   server {{\n\
+             \x20       listen unix:{tmp}/{STATUS_SOCKET};\n\
+             \x20       access_log off;\n\
+             \x20       location = {status} {{\n\
+             \x20           stub_status;\n\
+             \x20       }}\n\
+             \x20       location / {{\n\
+             \x20           return 404;\n\
+             \x20       }}\n\
+             \x20   }}\n",
+            status = crate::nginx_metrics::STATUS_PATH,
+        );
+    }
     c.push_str("\n    server {\n");
+    if http.metrics {
+        c.push_str(NO_SOURCE);
+    }
     if !redirect {
         let _ = writeln!(c, "        listen {};", paths.listen);
     }
@@ -494,7 +528,15 @@ pub fn render(
             "\n        # {what_kind}{what}\n        location ~ \"{regex}\" {{\n{body}",
             what = what(upstreams, pool),
             regex = quote(regex),
-            body = proxy(role, upstreams, pool, &cache.valid, cache, "            "),
+            body = proxy(
+                role,
+                upstreams,
+                pool,
+                &cache.valid,
+                cache,
+                http.metrics,
+                "            "
+            ),
         );
         if role == Role::Cache {
             for (rule, valid) in &cache.rules {
@@ -502,7 +544,7 @@ pub fn render(
                     c,
                     "\n            # lifetime rule\n            location ~ \"{rule}\" {{\n{body}            }}\n",
                     rule = quote(rule),
-                    body = proxy(role, upstreams, pool, valid, cache, "                "),
+                    body = proxy(role, upstreams, pool, valid, cache, http.metrics, "                "),
                 );
             }
         }
@@ -632,9 +674,57 @@ fn regex_literal(s: &str) -> String {
     out
 }
 
+/// The names of the sources of `pool`, each on one line.
+fn names(upstreams: &[Upstream], pool: &[usize]) -> Vec<String> {
+    pool.iter().map(|&m| comment(&upstreams[m].name)).collect()
+}
+
+/// What the sources of `pool` are, for the metrics: `cdncluster` (tiers of this CDN), `origin`,
+/// or `mixed`.
+fn source_kind(upstreams: &[Upstream], pool: &[usize]) -> &'static str {
+    let tiers = pool.iter().filter(|&&m| upstreams[m].tier).count();
+    match tiers {
+        0 => "origin",
+        n if n == pool.len() => "cdncluster",
+        _ => "mixed",
+    }
+}
+
+/// The source of what nginx answers itself (probes, redirects, a path no source matches), in
+/// the server: each proxying location sets its own.
+const NO_SOURCE: &str = "        set $cdn_source \"none none\";\n";
+
+/// The access logs: nginx's own to stdout, and with `metrics` a line per request (and per slice)
+/// to the metrics sidecar.
+fn access_log(metrics: bool, tmp: &str) -> String {
+    // Buffered: a write per request costs a fifth of the throughput of hits.
+    let stdout = "access_log /dev/stdout cdn buffer=64k flush=1s";
+    if !metrics {
+        return format!(
+            "    # Buffered: a write per request costs a fifth of the throughput of hits.\n    {stdout};\n"
+        );
+    }
+    format!(
+        "    # Buffered: a write per request costs a fifth of the throughput of hits. Client requests\n\
+         \x20   # only: a subrequest (a slice) has no request of its own ($request_length 0).\n\
+         \x20   map $request_length $cdn_client_request {{\n\
+         \x20       0 0;\n\
+         \x20       default 1;\n\
+         \x20   }}\n\
+         \x20   {stdout} if=$cdn_client_request;\n\
+         \x20   # A line per request, and per slice fetched, to the metrics sidecar: a datagram nginx\n\
+         \x20   # never waits for (one the socket cannot take is dropped).\n\
+         \x20   log_format cdn_metrics \"{format}\";\n\
+         \x20   log_subrequest on;\n\
+         \x20   access_log syslog:server=unix:{tmp}/{METRICS_SOCKET},nohostname,tag={tag} cdn_metrics;\n",
+        format = crate::nginx_metrics::log::FORMAT,
+        tag = crate::nginx_metrics::log::TAG,
+    )
+}
+
 /// `source NAME`, or `pool A + B` for a pool of several sources.
 fn what(upstreams: &[Upstream], pool: &[usize]) -> String {
-    let names: Vec<String> = pool.iter().map(|&m| comment(&upstreams[m].name)).collect();
+    let names = names(upstreams, pool);
     match names.len() {
         1 => format!("source {}", names[0]),
         _ => format!("pool {}", names.join(" + ")),
@@ -651,6 +741,7 @@ fn proxy(
     pool: &[usize],
     valid: &str,
     cache: &CacheTuning,
+    metrics: bool,
     pad: &str,
 ) -> String {
     let i = pool[0];
@@ -666,6 +757,13 @@ fn proxy(
         b.push_str(text);
         b.push('\n');
     };
+    if metrics {
+        line(&format!(
+            "set $cdn_source \"{} {}\";",
+            source_kind(upstreams, pool),
+            quote(&names(upstreams, pool).join("+"))
+        ));
+    }
     line(&format!("proxy_set_header Host \"{host}\";"));
     line("proxy_set_header Connection \"\";");
     line(&format!(

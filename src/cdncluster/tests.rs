@@ -69,7 +69,7 @@ fn seed_balancer_resolves_its_caches_through_their_services() {
     assert_eq!(upstreams[0].path_condition.as_deref(), Some("^/live/"));
     // Its pods looked up while nginx runs, by the SRV records of the Service's port: one member
     // of the ring per pod.
-    let conf = build::config(&all[0], &upstreams, &Paths::default());
+    let conf = build::config(&all[0], &upstreams, &Paths::default(), false);
     assert!(conf.contains(
         "    upstream source_0 {\n        hash $host$uri$cdn_key_args consistent;\n        zone source_0 64k;\n\
          \x20       server cache-live.default.svc.cluster.local service=http resolve weight=2 max_fails=2 fail_timeout=5s;\n"
@@ -219,7 +219,7 @@ fn sources_sharing_a_condition_are_one_pool_balanced_by_consistent_hashing() {
         ups.iter().map(|u| u.weight).collect::<Vec<_>>(),
         [2, 1, 1, 1]
     );
-    let conf = build::config(&all[0], &ups, &Paths::default());
+    let conf = build::config(&all[0], &ups, &Paths::default(), false);
     assert!(
         conf.contains(
             "    upstream source_0 {\n        hash $host$uri$cdn_key_args consistent;\n        zone source_0 64k;\n\
@@ -269,7 +269,7 @@ fn sources_sharing_a_condition_are_one_pool_balanced_by_consistent_hashing() {
         ],
     );
     let ups = sources::resolve(&origins, world(&[]), sources::DEFAULT_CLUSTER_DOMAIN).unwrap();
-    let conf = build::config(&origins, &ups, &Paths::default());
+    let conf = build::config(&origins, &ups, &Paths::default(), false);
     let location = &conf[conf
         .find("# pool o1 + o2\n        location ~ \"^/v/\"")
         .unwrap()..];
@@ -358,7 +358,7 @@ fn origins_resolve_to_urls_and_services() {
     assert_eq!(ups[0].path_prefix, "/media");
     assert_eq!(ups[1].address, "vod-store.default.svc.cluster.local:8080");
     // Both are looked up while nginx runs, the URL's host as the Service.
-    let conf = build::config(&c, &ups, &Paths::default());
+    let conf = build::config(&c, &ups, &Paths::default(), false);
     assert!(
         conf.contains("        server origin.example.com:443 resolve;\n"),
         "{conf}"
@@ -391,7 +391,7 @@ fn origins_resolve_to_urls_and_services() {
 fn children_have_the_seed_names_labels_and_owner() {
     let all = seed();
     let ups = sources::resolve(&all[0], world(&all), sources::DEFAULT_CLUSTER_DOMAIN).unwrap();
-    let children = build::children(&all[0], &ups, &RunAs::default());
+    let children = build::children(&all[0], &ups, &RunAs::default(), &Default::default());
 
     let d = &children.deployment;
     assert_eq!(d.metadata.name.as_deref(), Some("balancer-deployment"));
@@ -447,7 +447,7 @@ fn children_have_the_seed_names_labels_and_owner() {
     assert_eq!(svc.cluster_ip, None);
     let port = &svc.ports.as_ref().unwrap()[0];
     assert_eq!(port.name.as_deref(), Some(nginx::SERVICE_PORT_NAME));
-    let cache = build::children(&all[1], &[], &RunAs::default());
+    let cache = build::children(&all[1], &[], &RunAs::default(), &Default::default());
     let cache_svc = cache.service.spec.as_ref().unwrap();
     assert_eq!(cache_svc.cluster_ip.as_deref(), Some("None"));
     assert_eq!(
@@ -483,7 +483,7 @@ fn the_ids_a_cluster_pins_are_set_on_the_nginx_pods() {
         group: None,
         fs_group: Some(1_000_680_000),
     };
-    let d = build::children(&c, &[], &run_as).deployment;
+    let d = build::children(&c, &[], &run_as, &Default::default()).deployment;
     let psc = d.spec.unwrap().template.spec.unwrap().security_context;
     assert_eq!(psc, Some(crate::kubernetes::restricted::pod(&run_as)));
 }
@@ -491,7 +491,7 @@ fn the_ids_a_cluster_pins_are_set_on_the_nginx_pods() {
 #[test]
 fn pods_meet_the_restricted_pod_security_standard() {
     let c = cluster("c", Role::Cache, vec![]);
-    let d = build::children(&c, &[], &RunAs::default()).deployment;
+    let d = build::children(&c, &[], &RunAs::default(), &Default::default()).deployment;
     let pod = d.spec.unwrap().template.spec.unwrap();
     let psc = pod.security_context.unwrap();
     assert_eq!(psc.run_as_non_root, Some(true));
@@ -534,7 +534,7 @@ fn a_config_change_is_applied_in_place_without_a_rollout() {
     let all = seed();
     let children = |c: &CdnCluster| {
         let ups = sources::resolve(c, world(&all), sources::DEFAULT_CLUSTER_DOMAIN).unwrap();
-        build::children(c, &ups, &RunAs::default())
+        build::children(c, &ups, &RunAs::default(), &Default::default())
     };
     let before = children(&all[0]);
     let mut changed = all[0].clone();
@@ -587,6 +587,7 @@ fn nginx_routes_in_order_with_default_or_404() {
         &c,
         &[up("live", Some("^/live/")), up("vod", Some("^/vod/"))],
         &Paths::default(),
+        false,
     );
     let live = conf.find("location ~ \"^/live/\"").unwrap();
     let vod = conf.find("location ~ \"^/vod/\"").unwrap();
@@ -599,6 +600,7 @@ fn nginx_routes_in_order_with_default_or_404() {
         &c,
         &[up("live", Some("^/live/")), up("vod", None)],
         &Paths::default(),
+        false,
     );
     let default = &conf[conf.find("location ~ \"^/\" {").unwrap()..];
     assert!(
@@ -631,7 +633,7 @@ fn nginx_quotes_regexes_and_caches_as_tuned() {
         weight: 1,
         tier: false,
     };
-    let conf = build::config(&c, &[tricky], &Paths::default());
+    let conf = build::config(&c, &[tricky], &Paths::default(), false);
     assert!(conf.contains(r#"location ~ "^/a\"b\\d+$" {"#), "{conf}");
     assert!(conf.contains("max_size=5g inactive=2h"));
     assert!(conf.contains("proxy_cache_valid 200 206 301 302 30s;"));
@@ -641,7 +643,7 @@ fn nginx_quotes_regexes_and_caches_as_tuned() {
 /// The configuration of `c`, its sources looked up among `all`.
 fn conf_of(c: &CdnCluster, all: &[CdnCluster]) -> String {
     let ups = sources::resolve(c, world(all), sources::DEFAULT_CLUSTER_DOMAIN).unwrap();
-    build::config(c, &ups, &Paths::default())
+    build::config(c, &ups, &Paths::default(), false)
 }
 
 #[test]
@@ -895,7 +897,7 @@ fn the_cache_is_sized_from_cache_size() {
         "{conf}"
     );
     assert!(conf.contains("proxy_cache cdn_103m;"));
-    let pod = build::children(&c, &[], &RunAs::default())
+    let pod = build::children(&c, &[], &RunAs::default(), &Default::default())
         .deployment
         .spec
         .unwrap()
@@ -919,7 +921,7 @@ fn the_cache_is_sized_from_cache_size() {
     assert_eq!(requests["ephemeral-storage"].0, "128000Mi");
     assert_eq!(requests["cpu"].0, "50m", "the defaults beside it");
     // A balancer has no cache, so no storage request.
-    let b = build::children(&seed()[0], &[], &RunAs::default()).deployment;
+    let b = build::children(&seed()[0], &[], &RunAs::default(), &Default::default()).deployment;
     let requests = b.spec.unwrap().template.spec.unwrap().containers[0]
         .resources
         .clone()
@@ -944,7 +946,7 @@ fn the_cache_is_sized_from_cache_size() {
 #[test]
 fn config_map_holds_the_config() {
     let c = cluster("c", Role::Cache, vec![]);
-    let children = build::children(&c, &[], &RunAs::default());
+    let children = build::children(&c, &[], &RunAs::default(), &Default::default());
     let data = children.config_map.data.unwrap();
     assert!(data[CONFIG_KEY].contains("proxy_cache_path /var/cache/nginx/cdn"));
 }
@@ -1205,7 +1207,7 @@ fn each_child_change_is_one_event() {
 fn every_label_value_fits_for_the_longest_name() {
     let name = "a".repeat(crate::api::MAX_NAME_LEN);
     let c = cluster(&name, Role::Cache, vec![]);
-    let children = build::children(&c, &[], &RunAs::default());
+    let children = build::children(&c, &[], &RunAs::default(), &Default::default());
     let labels: BTreeMap<String, String> = children
         .deployment
         .spec
@@ -1260,8 +1262,8 @@ fn tls_adds_an_https_port_the_secret_read_only_and_a_certificate_watch() {
     let all = seed();
     let edge = with_tls(all[0].clone(), false);
     let ups = sources::resolve(&edge, world(&all), sources::DEFAULT_CLUSTER_DOMAIN).unwrap();
-    let plain = build::children(&all[0], &ups, &RunAs::default());
-    let children = build::children(&edge, &ups, &RunAs::default());
+    let plain = build::children(&all[0], &ups, &RunAs::default(), &Default::default());
+    let children = build::children(&edge, &ups, &RunAs::default(), &Default::default());
 
     let ports: Vec<_> = children
         .service
@@ -1363,7 +1365,7 @@ fn a_redirect_leaves_plain_http_the_probes_and_301s() {
     let all = seed();
     let edge = with_tls(all[0].clone(), true);
     let ups = sources::resolve(&edge, world(&all), sources::DEFAULT_CLUSTER_DOMAIN).unwrap();
-    let conf = build::config(&edge, &ups, &Paths::default());
+    let conf = build::config(&edge, &ups, &Paths::default(), false);
     let servers: Vec<&str> = conf.split("\n    server {\n").skip(1).collect();
     assert_eq!(servers.len(), 2, "{conf}");
     let (plain, routes) = (servers[0], servers[1]);
@@ -1380,12 +1382,13 @@ fn a_redirect_leaves_plain_http_the_probes_and_301s() {
 #[test]
 fn a_cluster_with_tls_and_no_source_still_has_a_resolver_for_ocsp() {
     let cache = with_tls(cluster("cache", Role::Cache, vec![]), false);
-    let conf = build::config(&cache, &[], &Paths::default());
+    let conf = build::config(&cache, &[], &Paths::default(), false);
     assert!(conf.contains("    include /tmp/resolver.conf;\n"), "{conf}");
     let plain = build::config(
         &cluster("cache", Role::Cache, vec![]),
         &[],
         &Paths::default(),
+        false,
     );
     assert!(!plain.contains("resolver"), "as before: {plain}");
 }
@@ -1455,14 +1458,15 @@ fn nginx_closes_the_requests_in_flight_itself_before_the_pod_is_killed() {
     let mut cluster = seed().remove(1);
     // 60 s of grace by default, of which 5 s of stop delay come first.
     assert_eq!(build::shutdown_timeout_seconds(&cluster), 52);
-    let conf = build::config(&cluster, &[], &Paths::default());
+    let conf = build::config(&cluster, &[], &Paths::default(), false);
     assert!(conf.contains("\nworker_shutdown_timeout 52s;\n"), "{conf}");
     cluster.spec.pods = Some(Box::new(crate::api::Pods {
         termination_grace_period_seconds: Some(600),
         ..Default::default()
     }));
     assert_eq!(build::shutdown_timeout_seconds(&cluster), 592);
-    let deployment = build::children(&cluster, &[], &RunAs::default()).deployment;
+    let deployment =
+        build::children(&cluster, &[], &RunAs::default(), &Default::default()).deployment;
     let pod = deployment.spec.unwrap().template.spec.unwrap();
     assert_eq!(pod.termination_grace_period_seconds, Some(600));
 }

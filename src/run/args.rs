@@ -1,5 +1,6 @@
 //! The flags and environment of `cdn-operator run`.
 
+use crate::cdncluster::build::MetricsSidecar;
 use crate::cdncluster::sources::{parse_cluster_domain, DEFAULT_CLUSTER_DOMAIN};
 use crate::kubernetes::cache::Scope;
 use crate::kubernetes::restricted::RunAs;
@@ -106,6 +107,9 @@ pub struct Args {
 
     #[command(flatten)]
     pub pods: RunAs,
+
+    #[command(flatten)]
+    pub metrics: MetricsSidecar,
 }
 
 impl Args {

@@ -176,8 +176,11 @@ pub async fn run(args: Args) -> Result<(), Error> {
         events.clone(),
         leadership.clone(),
         concurrency,
-        args.pods.clone(),
-        args.cluster_domain(),
+        cdncluster::Settings {
+            run_as: args.pods.clone(),
+            metrics: args.metrics.clone(),
+            cluster_domain: args.cluster_domain(),
+        },
     );
     register_cdncluster_gauges(&metrics, ctx.clusters.clone(), leadership.clone());
     let cdnclusters = glue.controller(

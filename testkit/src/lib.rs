@@ -17,7 +17,7 @@ pub use dns::Dns;
 pub use http::{
     free_port, http_get, http_get_accepting, https_get, request, tls_certificate, Reply, Response,
 };
-pub use metrics::{has_line, metric_sum, sample};
+pub use metrics::{has_line, metric_sum, promtool_check_metrics, sample};
 pub use nginx::{Nginx, Sandbox};
 pub use process::{run_with_stdin, Operator, Signal, Switches, Usage, SIGINT, SIGQUIT, SIGTERM};
 pub use race::racing;

@@ -34,6 +34,25 @@ pub fn metric_sum(text: &str, name: &str, labels: &str) -> Option<f64> {
     found
 }
 
+/// `promtool check metrics` on an exposition (the classic text format): whether it passed, and
+/// what it said. promtool is installed by scripts/install-test-deps.sh; a missing one fails the
+/// test rather than skipping the check.
+pub fn promtool_check_metrics(exposition: &str) -> (bool, String) {
+    let output = crate::run_with_stdin(
+        std::process::Command::new("promtool").args(["check", "metrics"]),
+        exposition,
+    )
+    .expect(
+        "promtool (Debian package prometheus) must be installed: run scripts/install-test-deps.sh",
+    );
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    (output.status.success(), said)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

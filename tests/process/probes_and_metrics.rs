@@ -5,7 +5,6 @@ use crate::fake_api::{cluster, FakeApi, FakeState};
 use crate::launch::{master_status, Launch, FAST_ELECTION, RECONCILED};
 use cdn_operator_testkit::{has_line, http_get_accepting, sample, Operator, Reply};
 use serde_json::json;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 /// What Prometheus 2.x sends.
@@ -109,14 +108,14 @@ fn leader_serves_probes_and_metrics_then_releases_the_lease_and_exits_0_on_sigte
             "missing `{expected}` in:\n{classic}"
         );
     }
-    let (ok, report) = promtool_check_metrics(&classic);
+    let (ok, report) = cdn_operator_testkit::promtool_check_metrics(&classic);
     assert!(
         ok,
         "promtool check metrics failed:\n{report}\non:\n{classic}"
     );
     // Why two formats: promtool (and any 0.0.4 reader) takes OpenMetrics counters, whose family
     // is named without `_total`, for families with no HELP.
-    let (ok, report) = promtool_check_metrics(&text);
+    let (ok, report) = cdn_operator_testkit::promtool_check_metrics(&text);
     assert!(
         !ok && report.contains("controller_runtime_reconcile_total no help text"),
         "OpenMetrics read as 0.0.4 by promtool: {report}"
@@ -203,23 +202,4 @@ fn leader_serves_probes_and_metrics_then_releases_the_lease_and_exits_0_on_sigte
         logs.contains("released the leader election lease"),
         "{logs}"
     );
-}
-
-/// `promtool check metrics` on what /metrics served: whether it passed, and what it said.
-/// promtool is installed by scripts/install-test-deps.sh; a missing one fails the test rather
-/// than skipping it.
-pub fn promtool_check_metrics(exposition: &str) -> (bool, String) {
-    let output = cdn_operator_testkit::run_with_stdin(
-        Command::new("promtool").args(["check", "metrics"]),
-        exposition,
-    )
-    .expect(
-        "promtool (Debian package prometheus) must be installed: run scripts/install-test-deps.sh",
-    );
-    let said = format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    (output.status.success(), said)
 }

@@ -4,7 +4,7 @@
 
 use crate::fake_api::{FakeApi, FakeState};
 use crate::launch::Launch;
-use crate::probes_and_metrics::promtool_check_metrics;
+use cdn_operator_testkit::promtool_check_metrics;
 use cdn_operator_testkit::{has_line, http_get, https_get, tls_certificate, Operator, Reply};
 use std::time::Duration;
 

@@ -369,6 +369,7 @@ impl FakeApi {
             // The caches are filled by hand before each reconcile: no watch to wait for.
             writes_visible_within: std::time::Duration::ZERO,
             cluster_domain: cdn_operator::cdncluster::sources::DEFAULT_CLUSTER_DOMAIN.into(),
+            metrics: Default::default(),
         })
     }
 }
@@ -450,6 +451,16 @@ pub fn nginx_config(
     all: &[CdnCluster],
     paths: &cdn_operator::cdncluster::nginx::Paths,
 ) -> String {
+    nginx_config_counted(c, all, paths, false)
+}
+
+/// [`nginx_config`], each request counted by a metrics sidecar with `metrics`.
+pub fn nginx_config_counted(
+    c: &CdnCluster,
+    all: &[CdnCluster],
+    paths: &cdn_operator::cdncluster::nginx::Paths,
+    metrics: bool,
+) -> String {
     let upstreams = cdn_operator::cdncluster::sources::resolve(
         c,
         |name| {
@@ -460,7 +471,7 @@ pub fn nginx_config(
         cdn_operator::cdncluster::sources::DEFAULT_CLUSTER_DOMAIN,
     )
     .unwrap_or_else(|problem| panic!("{problem:?}"));
-    cdn_operator::cdncluster::build::config(c, &upstreams, paths)
+    cdn_operator::cdncluster::build::config(c, &upstreams, paths, metrics)
 }
 
 /// The names the nginx instances of a test look up, as a pod finds them: the Services' names
@@ -511,8 +522,19 @@ impl Names {
         all: &[CdnCluster],
         paths: &cdn_operator::cdncluster::nginx::Paths,
     ) -> String {
+        self.config_counted(c, all, paths, false)
+    }
+
+    /// [`Names::config`], each request counted by a metrics sidecar with `metrics`.
+    pub fn config_counted(
+        &self,
+        c: &CdnCluster,
+        all: &[CdnCluster],
+        paths: &cdn_operator::cdncluster::nginx::Paths,
+        metrics: bool,
+    ) -> String {
         self.resolver_for(&paths.temp_dir);
-        nginx_config(c, all, paths)
+        nginx_config_counted(c, all, paths, metrics)
     }
 
     /// A sandbox sharing `dir`, with these names as its /etc/hosts.

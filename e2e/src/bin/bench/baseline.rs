@@ -79,7 +79,7 @@ async fn write_as_the_operator(
     upstreams: &[Upstream],
 ) {
     let ns = cluster.namespace().unwrap();
-    let kids = build::children(cluster, upstreams, &Default::default());
+    let kids = build::children(cluster, upstreams, &Default::default(), &Default::default());
     let changes: Vec<ChildChange> = [
         kids.config_map.object_ref(&()),
         kids.service.object_ref(&()),

@@ -1,0 +1,269 @@
+//! One line of nginx's metrics log, as nginx sends it to the sidecar: a syslog datagram whose
+//! message is the fields of [`FORMAT`], tab-separated. Pure: no I/O.
+
+/// The syslog tag of the lines (`access_log syslog:…,tag=`).
+pub const TAG: &str = "cdn";
+/// What ends nginx's syslog header (`<PRI>Mmm dd hh:mm:ss TAG: `, no host name): the message
+/// follows.
+const TAG_MARK: &str = " cdn: ";
+
+/// The `log_format` of the metrics log. `$request_length` is 0 for a subrequest (a slice of a
+/// large object, logged with `log_subrequest on`): only its upstream figures count, as the client
+/// request that asked for it is counted once, by its own line. `$cdn_source` is set by each
+/// location: the kind of its pool, a space, its sources' names. The upstream variables list one
+/// value per attempt, separated by `, ` (and ` : ` after an internal redirect).
+pub const FORMAT: &str = "$request_length\\t$status\\t$upstream_cache_status\\t$bytes_sent\\t\
+$upstream_status\\t$upstream_header_time\\t$upstream_response_time\\t$upstream_bytes_received\\t\
+$cdn_source";
+
+/// What nginx's `$upstream_cache_status` says of a response; [`CacheStatus::None`] when no cache
+/// took part (a balancer, or a response nginx made itself).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CacheStatus {
+    Hit,
+    Miss,
+    Expired,
+    Stale,
+    Updating,
+    Revalidated,
+    Bypass,
+    None,
+}
+
+impl CacheStatus {
+    pub const ALL: [CacheStatus; 8] = [
+        CacheStatus::Hit,
+        CacheStatus::Miss,
+        CacheStatus::Expired,
+        CacheStatus::Stale,
+        CacheStatus::Updating,
+        CacheStatus::Revalidated,
+        CacheStatus::Bypass,
+        CacheStatus::None,
+    ];
+
+    fn parse(value: &str) -> CacheStatus {
+        match value {
+            "HIT" => CacheStatus::Hit,
+            "MISS" => CacheStatus::Miss,
+            "EXPIRED" => CacheStatus::Expired,
+            "STALE" => CacheStatus::Stale,
+            "UPDATING" => CacheStatus::Updating,
+            "REVALIDATED" => CacheStatus::Revalidated,
+            "BYPASS" => CacheStatus::Bypass,
+            _ => CacheStatus::None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CacheStatus::Hit => "HIT",
+            CacheStatus::Miss => "MISS",
+            CacheStatus::Expired => "EXPIRED",
+            CacheStatus::Stale => "STALE",
+            CacheStatus::Updating => "UPDATING",
+            CacheStatus::Revalidated => "REVALIDATED",
+            CacheStatus::Bypass => "BYPASS",
+            CacheStatus::None => "NONE",
+        }
+    }
+}
+
+/// Why an attempt at a source failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum UpstreamError {
+    /// No answer: refused, reset, an invalid header, or no member left (nginx's 502).
+    Error,
+    /// No answer in time (nginx's 504).
+    Timeout,
+    /// The source answered with a 5xx.
+    Http5xx,
+}
+
+impl UpstreamError {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            UpstreamError::Error => "error",
+            UpstreamError::Timeout => "timeout",
+            UpstreamError::Http5xx => "http_5xx",
+        }
+    }
+}
+
+/// One attempt at a source.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Attempt {
+    pub seconds: f64,
+    pub bytes_received: u64,
+    pub error: Option<UpstreamError>,
+}
+
+/// A line of the metrics log.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Line<'a> {
+    /// A client's request; `false` for a subrequest (a slice).
+    pub main: bool,
+    pub status: u16,
+    pub cache_status: CacheStatus,
+    pub bytes_sent: u64,
+    /// `cdncluster`, `origin`, `mixed`, or `none` when nginx answered itself.
+    pub source_kind: &'a str,
+    /// The pool's sources' names, `+`-joined; `none` when nginx answered itself.
+    pub source: &'a str,
+    pub attempts: Vec<Attempt>,
+}
+
+/// The kinds of source a location names (`$cdn_source`).
+pub const SOURCE_KINDS: [&str; 4] = ["cdncluster", "origin", "mixed", "none"];
+
+/// Reads a datagram; `None` when it is not a line of [`FORMAT`].
+pub fn parse(datagram: &[u8]) -> Option<Line<'_>> {
+    let text = std::str::from_utf8(datagram).ok()?;
+    let start = text.find(TAG_MARK)? + TAG_MARK.len();
+    let mut fields = text[start..].trim_end_matches('\n').split('\t');
+    let mut next = || fields.next();
+    let request_length = next()?;
+    let status: u16 = next()?.parse().ok()?;
+    let cache_status = CacheStatus::parse(next()?);
+    let bytes_sent = next()?.parse().ok()?;
+    let (statuses, header_times, response_times, received) = (next()?, next()?, next()?, next()?);
+    let (source_kind, source) = next()?.split_once(' ')?;
+    if next().is_some() || !(100..600).contains(&status) || !SOURCE_KINDS.contains(&source_kind) {
+        return None;
+    }
+    Some(Line {
+        main: request_length != "0",
+        status,
+        cache_status,
+        bytes_sent,
+        source_kind,
+        source,
+        attempts: attempts(statuses, header_times, response_times, received)?,
+    })
+}
+
+/// The values of an upstream variable, one per attempt: `-` (none) or a list.
+fn values(list: &str) -> impl Iterator<Item = &str> {
+    list.split([',', ':']).map(str::trim)
+}
+
+fn attempts(statuses: &str, headers: &str, times: &str, received: &str) -> Option<Vec<Attempt>> {
+    if statuses == "-" {
+        return Some(Vec::new());
+    }
+    let (mut headers, mut times, mut received) = (values(headers), values(times), values(received));
+    let mut attempts = Vec::new();
+    for status in values(statuses) {
+        let (header, time, bytes) = (headers.next()?, times.next()?, received.next()?);
+        let status: u16 = status.parse().ok()?;
+        let answered = header != "-";
+        let error = match status {
+            502 if !answered => Some(UpstreamError::Error),
+            504 if !answered => Some(UpstreamError::Timeout),
+            500..=599 => Some(UpstreamError::Http5xx),
+            _ => None,
+        };
+        attempts.push(Attempt {
+            seconds: time.parse().unwrap_or(0.0),
+            bytes_received: bytes.parse().unwrap_or(0),
+            error,
+        });
+    }
+    Some(attempts)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line(message: &str) -> String {
+        format!("<190>Nov 26 19:00:32 {TAG}: {message}")
+    }
+
+    #[test]
+    fn the_mark_is_the_tag_s() {
+        assert_eq!(TAG_MARK, format!(" {TAG}: "));
+    }
+
+    #[test]
+    fn a_client_request_served_from_the_cache() {
+        let text = line("84\t200\tHIT\t3500260\t-\t-\t-\t-\torigin origin-a");
+        let parsed = parse(text.as_bytes()).unwrap();
+        assert_eq!(
+            parsed,
+            Line {
+                main: true,
+                status: 200,
+                cache_status: CacheStatus::Hit,
+                bytes_sent: 3_500_260,
+                source_kind: "origin",
+                source: "origin-a",
+                attempts: vec![],
+            }
+        );
+    }
+
+    #[test]
+    fn a_slice_fetched_by_a_subrequest_counts_its_attempt_only() {
+        let text =
+            line("0\t200\tMISS\t2097412\t206\t0.002\t0.003\t1048873\tcdncluster cache-a+cache-b");
+        let parsed = parse(text.as_bytes()).unwrap();
+        assert!(!parsed.main);
+        assert_eq!(parsed.source, "cache-a+cache-b");
+        assert_eq!(
+            parsed.attempts,
+            vec![Attempt {
+                seconds: 0.003,
+                bytes_received: 1_048_873,
+                error: None
+            }]
+        );
+    }
+
+    #[test]
+    fn failed_attempts_are_told_apart_by_whether_the_source_answered() {
+        let text = line(
+            "82\t200\tMISS\t500\t502, 504, 503 : 200\t-, -, 0.010 : 0.020\t0.000, 8.001, 0.011 : 0.021\t0, 0, 120 : 900\torigin a+b+c",
+        );
+        let parsed = parse(text.as_bytes()).unwrap();
+        let errors: Vec<_> = parsed.attempts.iter().map(|a| a.error).collect();
+        assert_eq!(
+            errors,
+            [
+                Some(UpstreamError::Error),
+                Some(UpstreamError::Timeout),
+                Some(UpstreamError::Http5xx),
+                None
+            ]
+        );
+        assert_eq!(parsed.attempts[1].seconds, 8.001);
+        assert_eq!(parsed.attempts[3].bytes_received, 900);
+        // A 502 the source sent itself (a tier relaying its origin's) is an answer.
+        let relayed = line("82\t502\tNONE\t300\t502\t0.004\t0.004\t300\tcdncluster cache");
+        let relayed = parse(relayed.as_bytes()).unwrap();
+        assert_eq!(relayed.attempts[0].error, Some(UpstreamError::Http5xx));
+    }
+
+    #[test]
+    fn a_response_nginx_made_itself_has_no_source() {
+        let text = line("82\t404\t-\t153\t-\t-\t-\t-\tnone none");
+        let parsed = parse(text.as_bytes()).unwrap();
+        assert_eq!(parsed.cache_status, CacheStatus::None);
+        assert_eq!((parsed.source_kind, parsed.source), ("none", "none"));
+    }
+
+    #[test]
+    fn anything_else_is_refused() {
+        for bad in [
+            "not syslog at all".to_string(),
+            line("84\t200\tHIT\t10\t-\t-\t-\t-"),
+            line("84\t200\tHIT\t10\t-\t-\t-\t-\torigin a\textra"),
+            line("84\t999\tHIT\t10\t-\t-\t-\t-\torigin a"),
+            line("84\t200\tHIT\tmany\t-\t-\t-\t-\torigin a"),
+            line("84\t200\tHIT\t10\t-\t-\t-\t-\tplanet a"),
+            line("84\t200\tMISS\t10\t200, 200\t0.1\t0.1\t5\torigin a"),
+        ] {
+            assert_eq!(parse(bad.as_bytes()), None, "{bad}");
+        }
+    }
+}
