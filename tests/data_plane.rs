@@ -1826,4 +1826,66 @@ fn every_pod_counts_its_requests_hits_misses_slices_and_errors() {
     );
     assert!(count(&cache_b, "cdn_cache_filesystem_size_bytes", "") > 0.0);
     assert!(count(&cache_b, "cdn_cache_filesystem_avail_bytes", "") > 0.0);
+
+    // What the pods serve is what docs/cdn-metrics.txt lists, no more, no less.
+    let served: BTreeSet<&str> = [&edge, &cache_a, &cache_b]
+        .into_iter()
+        .flat_map(|text| text.lines())
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.split(['{', ' ']).next())
+        .collect();
+    let documented = std::fs::read_to_string("docs/cdn-metrics.txt").unwrap();
+    let documented: BTreeSet<&str> = documented
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .collect();
+    assert_eq!(served, documented, "docs/cdn-metrics.txt");
+}
+
+/// nginx killed (the OOM killer, or the end of a stop's grace) leaves its status socket in the
+/// pod's /tmp, which outlives the container: the restarted container's nginx must listen again.
+#[test]
+fn a_container_restarted_after_nginx_was_killed_serves_again() {
+    let world = World::start(18, topology(|_| {}));
+    let cache = world.cluster("cache-a");
+    let listen = "127.0.18.31:80";
+    let paths = Paths {
+        listen: listen.into(),
+        ..Paths::default()
+    };
+    let conf = support::nginx_config_counted(cache, &world.clusters, &paths, true);
+    let volume = ConfigVolume::new(
+        world.path().join("cm"),
+        &[(CONFIG_KEY, &conf), (ENTRYPOINT_KEY, ENTRYPOINT)],
+    );
+    let tmp = world.path().join("pod-tmp");
+    std::fs::create_dir_all(&tmp).unwrap();
+    let pod = || {
+        Sandbox::read_only_root()
+            .hosts(&world.names.hosts)
+            .resolv_conf(world.names.resolv_conf(world.path()))
+            .read_only(&volume.dir, build::CONFIG_DIR)
+            .volume(&tmp, "/tmp")
+            .empty_dir("/var/cache/nginx")
+    };
+    let entrypoint = format!("{}/{ENTRYPOINT_KEY}", build::CONFIG_DIR);
+    let start = |name: &str| {
+        let nginx = Nginx::spawn(
+            name,
+            pod().command(&["/bin/sh", &entrypoint]),
+            &world.path().join(format!("{name}.log")),
+        );
+        nginx.wait_listening(listen, &conf);
+        nginx
+    };
+    let first = start("first");
+    let socket = tmp.join(cdn_operator::cdncluster::nginx::STATUS_SOCKET);
+    assert!(socket.exists(), "nginx serves its status on {socket:?}");
+    first.signal_all(cdn_operator_testkit::SIGKILL);
+    first.kill();
+    assert!(socket.exists(), "a killed nginx leaves its socket");
+    let second = start("second");
+    let r = request(listen, "GET", "/healthz", &[HOST], b"").unwrap();
+    assert_eq!(r.status, 200, "{}", second.log());
 }

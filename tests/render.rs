@@ -33,6 +33,35 @@ fn the_seed_examples_render_as_golden() {
     check("render-seed-nginx.conf", &run.stdout);
 }
 
+/// With the operator's metrics image, every pod has the metrics sidecar, started before nginx,
+/// and every nginx sends it a line per request.
+#[test]
+fn the_seed_examples_with_metrics_render_a_sidecar_per_pod_as_golden() {
+    let seed = seed_examples();
+    let image = "ghcr.io/anevia/cdn-operator:0.1.0";
+    let run = cdn_operator(
+        &["render", "--nginx-metrics-image", image, "-f", path(&seed)],
+        "",
+    );
+    assert_eq!((run.code, run.stderr.as_str()), (0, ""));
+    check("render-seed-metrics.yaml", &run.stdout);
+    assert_eq!(run.stdout.matches("initContainers:").count(), 3);
+    assert_eq!(run.stdout.matches("- nginx-metrics\n").count(), 3);
+    assert_eq!(
+        run.stdout
+            .matches("access_log syslog:server=unix:/tmp/cdn-metrics.sock")
+            .count(),
+        3
+    );
+    // Empty, as an unset environment variable of a manifest: no sidecar.
+    let run = cdn_operator(
+        &["render", "--nginx-metrics-image", "", "-f", path(&seed)],
+        "",
+    );
+    assert_eq!((run.code, run.stderr.as_str()), (0, ""));
+    check("render-seed.yaml", &run.stdout);
+}
+
 #[test]
 fn the_pool_example_renders_one_hashed_upstream_as_golden() {
     let pool = golden::root().join("examples/pool.yaml");

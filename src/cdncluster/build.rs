@@ -71,6 +71,9 @@ case $nameserver in
     *) resolver="$nameserver ipv6=off" ;;
 esac
 echo "resolver $resolver valid=5s;" > /tmp/resolver.conf
+# The socket of nginx's status page (for the metrics sidecar), left in the pod's /tmp by an nginx
+# that was killed: nginx cannot listen on it again, and would never start.
+rm -f /tmp/nginx-status.sock
 # Set before nginx starts: the shell is the container's PID 1, which ignores a signal it has no
 # trap for. A stop signal that comes before nginx has started stops it as soon as it has.
 nginx=

@@ -19,6 +19,8 @@ pub use http::{
 };
 pub use metrics::{has_line, metric_sum, promtool_check_metrics, sample};
 pub use nginx::{Nginx, Sandbox};
-pub use process::{run_with_stdin, Operator, Signal, Switches, Usage, SIGINT, SIGQUIT, SIGTERM};
+pub use process::{
+    run_with_stdin, Operator, Signal, Switches, Usage, SIGINT, SIGKILL, SIGQUIT, SIGTERM,
+};
 pub use race::racing;
 pub use wait::{blocking, eventually, on_own_thread, poll, settle};

@@ -125,6 +125,19 @@ impl Sandbox {
         self.read_only(file, "/etc/resolv.conf")
     }
 
+    /// `source` of the host, writable, at `target`: an emptyDir that outlives a container, as
+    /// one does when the kubelet restarts a container of its pod.
+    pub fn volume(mut self, source: impl AsRef<Path>, target: impl AsRef<Path>) -> Sandbox {
+        self.mounts.insert(
+            absolute(target.as_ref()),
+            Mount::Bind {
+                source: absolute(source.as_ref()),
+                writable: true,
+            },
+        );
+        self
+    }
+
     /// An empty tmpfs anyone may write to at `target`, as a Kubernetes emptyDir.
     pub fn empty_dir(mut self, target: impl AsRef<Path>) -> Sandbox {
         self.mounts

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-pub use libc::{SIGINT, SIGQUIT, SIGTERM};
+pub use libc::{SIGINT, SIGKILL, SIGQUIT, SIGTERM};
 
 /// A signal number, as kill(2) takes it.
 pub type Signal = libc::c_int;
