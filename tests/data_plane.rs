@@ -1613,8 +1613,9 @@ fn a_renewed_certificate_is_served_within_seconds_without_a_restart_keeping_the_
     drop(nginx);
 }
 
-/// The metrics sidecar of an instance (`cdn-operator nginx-metrics`), as the pod runs it: its
-/// sockets in the instance's temp folder, its cache folder measured; stopped when dropped.
+/// The metrics sidecar of an instance (`cdn-operator nginx-metrics`), as the pod runs it: nginx's
+/// log and status socket in the instance's temp folder, its cache folder measured; stopped when
+/// dropped.
 struct Sidecar {
     child: std::process::Child,
     listen: String,
@@ -1624,12 +1625,12 @@ impl Sidecar {
     /// Starts the sidecar of an instance of `cluster` whose folders are `own`, serving on
     /// `listen`; returns once it serves.
     fn start(cluster: &CdnCluster, own: &Path, listen: &str) -> Sidecar {
-        use cdn_operator::cdncluster::nginx::{METRICS_SOCKET, STATUS_SOCKET};
+        use cdn_operator::cdncluster::nginx::{METRICS_LOG, STATUS_SOCKET};
         let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_cdn-operator"));
         command
             .arg("nginx-metrics")
-            .arg("--socket")
-            .arg(own.join(METRICS_SOCKET))
+            .arg("--log")
+            .arg(own.join(METRICS_LOG))
             .arg("--nginx-status")
             .arg(own.join(STATUS_SOCKET))
             .args(["--listen", listen])
@@ -1693,17 +1694,16 @@ fn every_pod_counts_its_requests_hits_misses_slices_and_errors() {
             r#"result="counted""#,
         )
     };
-    // Every line is in before the figures are read: nginx logs a request after its last byte.
+    // Every line is in before the figures are read: nginx writes its buffer of lines at least
+    // every second, and the sidecar reads every 200 ms, so counts unchanged over 1.3 s are whole.
     let settled = |world: &World| {
-        for instance in instances {
-            let last = std::cell::Cell::new(-1.0);
-            settle(
-                Duration::from_secs(5),
-                Duration::from_millis(200),
-                || lines(world, instance),
-                |&now| last.replace(now) == now,
-            );
-        }
+        let last = std::cell::Cell::new(None);
+        settle(
+            Duration::from_secs(15),
+            Duration::from_millis(1300),
+            || instances.map(|instance| lines(world, instance)),
+            |now| last.replace(Some(*now)) == Some(*now),
+        );
         instances.map(|instance| world.metrics(instance))
     };
     let [edge_before, cache_a_before, cache_b_before] = settled(&world);

@@ -49,7 +49,7 @@ fn the_seed_examples_with_metrics_render_a_sidecar_per_pod_as_golden() {
     assert_eq!(run.stdout.matches("- nginx-metrics\n").count(), 3);
     assert_eq!(
         run.stdout
-            .matches("access_log syslog:server=unix:/tmp/cdn-metrics.sock")
+            .matches("access_log /tmp/cdn-metrics.log cdn_metrics buffer=64k flush=1s;")
             .count(),
         3
     );

@@ -565,15 +565,15 @@ fn resources(cluster: &CdnCluster, cache_volume: Option<&Quantity>) -> ResourceR
 }
 
 /// The metrics sidecar of `cluster`'s pods: started before nginx and stopped after it (a
-/// restartable init container), so it counts every request; it reads what nginx writes in the
-/// shared temp folder, and a cache's filesystem.
+/// restartable init container), so it counts every request; it reads the log nginx writes in
+/// the shared temp folder, and measures a cache's filesystem.
 fn metrics_sidecar(cluster: &CdnCluster, image: &str) -> Container {
     let paths = Paths::default();
     let tmp = &paths.temp_dir;
     let mut args: Vec<String> = [
         "nginx-metrics".to_string(),
-        "--socket".into(),
-        format!("{tmp}/{}", nginx::METRICS_SOCKET),
+        "--log".into(),
+        format!("{tmp}/{}", nginx::METRICS_LOG),
         "--nginx-status".into(),
         format!("{tmp}/{}", nginx::STATUS_SOCKET),
         "--listen".into(),
@@ -604,6 +604,11 @@ fn metrics_sidecar(cluster: &CdnCluster, image: &str) -> Container {
             ..VolumeMount::default()
         });
     }
+    let health = HTTPGetAction {
+        path: Some("/healthz".into()),
+        port: IntOrString::String(metrics::PORT_NAME.into()),
+        ..HTTPGetAction::default()
+    };
     Container {
         name: metrics::PORT_NAME.into(),
         image: Some(image.into()),
@@ -615,12 +620,16 @@ fn metrics_sidecar(cluster: &CdnCluster, image: &str) -> Container {
             protocol: Some("TCP".into()),
             ..ContainerPort::default()
         }]),
+        // nginx starts once the sidecar serves, so once it has made the log nginx writes (nginx
+        // would make it its own, which the sidecar could not free).
+        startup_probe: Some(Probe {
+            http_get: Some(health.clone()),
+            period_seconds: Some(1),
+            failure_threshold: Some(30),
+            ..Probe::default()
+        }),
         liveness_probe: Some(Probe {
-            http_get: Some(HTTPGetAction {
-                path: Some("/healthz".into()),
-                port: IntOrString::String(metrics::PORT_NAME.into()),
-                ..HTTPGetAction::default()
-            }),
+            http_get: Some(health),
             period_seconds: Some(10),
             ..Probe::default()
         }),

@@ -41,9 +41,10 @@ pub const SERVICE_PORT_NAME: &str = "http";
 /// The name of the container and Service ports of HTTPS, when the spec sets `tls`.
 pub const TLS_PORT_NAME: &str = "https";
 
-/// The unix datagram socket, in the temp folder, where nginx sends the metrics sidecar a line per
-/// request (`cdn-operator nginx-metrics`).
-pub const METRICS_SOCKET: &str = "cdn-metrics.sock";
+/// The file, in the temp folder, where nginx writes the metrics sidecar (`cdn-operator
+/// nginx-metrics`) a line per request, buffered as its access log is: the sidecar reads it as it
+/// grows and frees what it read (docs/adr/0004-cdn-metrics-from-a-buffered-log.md).
+pub const METRICS_LOG: &str = "cdn-metrics.log";
 /// The unix socket, in the temp folder, where nginx serves its connections' status page to the
 /// metrics sidecar: out of the network's reach.
 pub const STATUS_SOCKET: &str = "nginx-status.sock";
@@ -244,7 +245,7 @@ pub struct HttpTuning {
     /// Seconds nginx's workers have, once told to quit, to finish the requests in flight before
     /// nginx closes them itself (and logs them) rather than being killed; `None`: no limit.
     pub shutdown_timeout_seconds: Option<i64>,
-    /// Each request is counted by the metrics sidecar: a line to [`METRICS_SOCKET`], and the
+    /// Each request is counted by the metrics sidecar: a line to [`METRICS_LOG`], and the
     /// status page on [`STATUS_SOCKET`].
     pub metrics: bool,
 }
@@ -346,7 +347,7 @@ pub fn render(
          \x20   uwsgi_temp_path {tmp}/uwsgi;\n\
          \x20   scgi_temp_path {tmp}/scgi;\n",
         role = role.as_str(),
-        access_log = access_log(http.metrics, tmp),
+        access_log = access_log(http.metrics.then(|| format!("{tmp}/{METRICS_LOG}")).as_deref()),
     );
     // The keys zone's size, in MiB, which its name carries too.
     let zone = keys_zone_mib(&cache.size);
@@ -694,16 +695,16 @@ fn source_kind(upstreams: &[Upstream], pool: &[usize]) -> &'static str {
 /// the server: each proxying location sets its own.
 const NO_SOURCE: &str = "        set $cdn_source \"none none\";\n";
 
-/// The access logs: nginx's own to stdout, and with `metrics` a line per request (and per slice)
-/// to the metrics sidecar.
-fn access_log(metrics: bool, tmp: &str) -> String {
+/// The access logs: nginx's own to stdout, and with a `metrics` file a line per request (and per
+/// slice) there, for the metrics sidecar.
+fn access_log(metrics: Option<&str>) -> String {
     // Buffered: a write per request costs a fifth of the throughput of hits.
     let stdout = "access_log /dev/stdout cdn buffer=64k flush=1s";
-    if !metrics {
+    let Some(file) = metrics else {
         return format!(
             "    # Buffered: a write per request costs a fifth of the throughput of hits.\n    {stdout};\n"
         );
-    }
+    };
     format!(
         "    # Buffered: a write per request costs a fifth of the throughput of hits. Client requests\n\
          \x20   # only: a subrequest (a slice) has no request of its own ($request_length 0).\n\
@@ -712,13 +713,12 @@ fn access_log(metrics: bool, tmp: &str) -> String {
          \x20       default 1;\n\
          \x20   }}\n\
          \x20   {stdout} if=$cdn_client_request;\n\
-         \x20   # A line per request, and per slice fetched, to the metrics sidecar: a datagram nginx\n\
-         \x20   # never waits for (one the socket cannot take is dropped).\n\
+         \x20   # A line per request, and per slice fetched, for the metrics sidecar, buffered as the\n\
+         \x20   # access log: a file nginx never waits for, which the sidecar reads and frees.\n\
          \x20   log_format cdn_metrics \"{format}\";\n\
          \x20   log_subrequest on;\n\
-         \x20   access_log syslog:server=unix:{tmp}/{METRICS_SOCKET},nohostname,tag={tag} cdn_metrics;\n",
+         \x20   access_log {file} cdn_metrics buffer=64k flush=1s;\n",
         format = crate::nginx_metrics::log::FORMAT,
-        tag = crate::nginx_metrics::log::TAG,
     )
 }
 

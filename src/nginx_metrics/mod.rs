@@ -1,13 +1,15 @@
 //! `cdn-operator nginx-metrics`: the sidecar of every CdnCluster pod that turns nginx's work into
 //! Prometheus series (docs/cdn-metrics.md). Open-source nginx counts nothing by itself but its
-//! connections, so nginx sends a line per request to this program ([`log::FORMAT`]), a syslog
-//! datagram on a unix socket, which it adds up ([`series::Tally`]) and serves on `/metrics`,
-//! with nginx's connections (`stub_status`, on a unix socket too) and the cache's filesystem
-//! read at each scrape.
+//! connections, so nginx writes a line per request ([`log::FORMAT`]) to a file of the pod's temp
+//! folder, buffered as its access log is; this program reads the file as it grows, adds the
+//! lines up ([`series::Tally`]) and frees what it read (a hole punched in the file), and serves
+//! the series on `/metrics`, with nginx's connections (`stub_status`, on a unix socket) and the
+//! cache's filesystem read at each scrape.
 //!
-//! Datagrams, because nginx never waits for them: its socket does not block, and a line the
-//! kernel cannot queue (this program gone or far behind) is dropped, not the request held. The
-//! series are bounded: fixed labels, and at most [`series::MAX_SOURCES`] pools.
+//! A buffered file, because nginx then never waits for this program and pays a write per 64 KiB
+//! of lines, not per request (docs/adr/0004-cdn-metrics-from-a-buffered-log.md). Where the reading
+//! stands is kept beside the file, so a restarted sidecar counts each line once. The series are
+//! bounded: fixed labels, and at most [`series::MAX_SOURCES`] pools.
 
 pub mod log;
 pub mod series;
@@ -15,9 +17,9 @@ pub mod series;
 use crate::runtime::http::{self, Health};
 use crate::runtime::shutdown::{self, Shutdown};
 use series::{Identity, Series, StubStatus, Tally};
+use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::unix::fs::PermissionsExt;
-use std::os::unix::net::UnixDatagram;
+use std::os::unix::fs::{FileExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -31,16 +33,18 @@ pub const PORT_NAME: &str = "metrics";
 pub const STATUS_PATH: &str = "/stub_status";
 /// How long a scrape waits for nginx's status page.
 const STATUS_TIMEOUT: Duration = Duration::from_secs(2);
-/// The largest datagram read: nginx's syslog lines are at most a few KiB.
-const DATAGRAM_MAX: usize = 64 << 10;
+/// What is read of the log at once: nginx writes it 64 KiB at a time per worker.
+const READ_SIZE: usize = 256 << 10;
+/// How often the log is looked at when it has nothing new: nginx writes at least every second.
+const POLL: Duration = Duration::from_millis(200);
 
 #[derive(clap::Args, Debug, Clone)]
 #[command(about = "Count nginx's requests from its metrics log and serve them on /metrics")]
 pub struct Args {
-    /// The unix datagram socket nginx sends its metrics log to (made, and left writable by the
-    /// pod's other users: nginx may run as another one).
+    /// The file nginx writes its metrics log to (made, writable by the pod's other users: nginx
+    /// may run as another one). Where its reading stands is kept beside it (`.offset`).
     #[arg(long, value_name = "PATH")]
-    pub socket: PathBuf,
+    pub log: PathBuf,
 
     /// The unix socket nginx serves its `stub_status` page on.
     #[arg(long, value_name = "PATH")]
@@ -74,12 +78,12 @@ pub fn main(args: Args) -> ExitCode {
         cache_max_size_bytes: args.cache_max_size,
     };
     let series = Arc::new(Series::new(&identity));
-    let socket = match bind(&args.socket) {
-        Ok(socket) => socket,
+    let log = match Log::open(&args.log) {
+        Ok(log) => log,
         Err(error) => {
             return crate::fail(&format!(
-                "cannot receive nginx's log on {}: {error}",
-                args.socket.display()
+                "cannot read nginx's log {}: {error}",
+                args.log.display()
             ))
         }
     };
@@ -90,10 +94,10 @@ pub fn main(args: Args) -> ExitCode {
         Ok(runtime) => runtime,
         Err(error) => return crate::fail(&format!("cannot start: {error}")),
     };
-    runtime.block_on(serve(args, series, socket))
+    runtime.block_on(serve(args, series, log))
 }
 
-async fn serve(args: Args, series: Arc<Series>, socket: UnixDatagram) -> ExitCode {
+async fn serve(args: Args, series: Arc<Series>, log: Log) -> ExitCode {
     let stop = Shutdown::new();
     if let Err(error) = shutdown::on_signals(&stop) {
         return crate::fail(&format!("cannot handle signals: {error}"));
@@ -104,8 +108,8 @@ async fn serve(args: Args, series: Arc<Series>, socket: UnixDatagram) -> ExitCod
     std::thread::Builder::new()
         .name("log".into())
         .spawn(move || {
-            let error = receive(&socket, &tallied);
-            eprintln!("cdn-operator: nginx-metrics: the log socket failed: {error}");
+            let error = log.follow(&tallied);
+            eprintln!("cdn-operator: nginx-metrics: reading the log failed: {error}");
             drop(receiving);
         })
         .expect("a thread starts");
@@ -117,7 +121,7 @@ async fn serve(args: Args, series: Arc<Series>, socket: UnixDatagram) -> ExitCod
     eprintln!(
         "cdn-operator: nginx-metrics: counting the log of {} on {}, serving /metrics on {}",
         args.role,
-        args.socket.display(),
+        args.log.display(),
         args.listen
     );
     let status = args.nginx_status.clone();
@@ -143,27 +147,133 @@ async fn serve(args: Args, series: Arc<Series>, socket: UnixDatagram) -> ExitCod
     }
 }
 
-/// The log's socket, made anew (one left by an earlier run is removed) and writable by every
-/// user of the pod: nginx's workers run as the image's user, this program as its own.
-fn bind(path: &Path) -> io::Result<UnixDatagram> {
-    match std::fs::remove_file(path) {
-        Err(error) if error.kind() != io::ErrorKind::NotFound => return Err(error),
-        _ => {}
-    }
-    let socket = UnixDatagram::bind(path)?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666))?;
-    Ok(socket)
+/// nginx's metrics log, read from where the last reading stopped.
+struct Log {
+    file: File,
+    /// Where the reading stands: a byte offset, written as 20 digits.
+    offset_file: File,
+    offset: u64,
+    /// Whether what was read is freed: not on a filesystem that cannot punch holes.
+    freeing: bool,
 }
 
-/// Adds every datagram to the series, until the socket fails.
-fn receive(socket: &UnixDatagram, series: &Series) -> io::Error {
-    let mut tally = Tally::new(series);
-    let mut buffer = vec![0u8; DATAGRAM_MAX];
-    loop {
-        match socket.recv(&mut buffer) {
-            Ok(n) => tally.add(&buffer[..n]),
-            Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
-            Err(error) => return error,
+impl Log {
+    /// The log at `path`, made if nginx has not yet (readable and writable by every user of the
+    /// pod, for nginx's), and where its last reading stopped.
+    fn open(path: &Path) -> io::Result<Log> {
+        let open = |path: &Path| {
+            let file = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(path)?;
+            // The mode asked at creation passes through the umask.
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666))?;
+            io::Result::Ok(file)
+        };
+        let file = open(path)?;
+        let mut offset_path = path.as_os_str().to_owned();
+        offset_path.push(".offset");
+        let offset_file = open(Path::new(&offset_path))?;
+        let mut saved = [0u8; 20];
+        let read = offset_file.read_at(&mut saved, 0)?;
+        let length = file.metadata()?.len();
+        // A saved offset past the end is of another file: read it from its start.
+        let offset = std::str::from_utf8(&saved[..read])
+            .ok()
+            .and_then(|s| s.parse::<u64>().ok())
+            .filter(|&o| o <= length)
+            .unwrap_or(0);
+        Ok(Log {
+            file,
+            offset_file,
+            offset,
+            freeing: true,
+        })
+    }
+
+    /// Adds every complete line to the series as nginx writes them, until reading fails.
+    fn follow(mut self, series: &Series) -> io::Error {
+        let mut reader = Reader::new(series);
+        loop {
+            match self.read(&mut reader) {
+                Ok(0) => std::thread::sleep(POLL),
+                Ok(_) => {}
+                Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
+                Err(error) => return error,
+            }
+        }
+    }
+
+    /// Adds the complete lines written since the last reading; the bytes read.
+    fn read(&mut self, reader: &mut Reader) -> io::Result<usize> {
+        let Reader {
+            tally,
+            buffer,
+            pending,
+        } = reader;
+        let read = self
+            .file
+            .read_at(&mut buffer[*pending..], self.offset + *pending as u64)?;
+        if read == 0 {
+            return Ok(0);
+        }
+        let filled = *pending + read;
+        let complete = match buffer[..filled].iter().rposition(|&b| b == b'\n') {
+            Some(end) => end + 1,
+            // A line longer than the buffer is no line of the format: skipped whole.
+            None if filled == buffer.len() => filled,
+            None => {
+                *pending = filled;
+                return Ok(read);
+            }
+        };
+        for line in buffer[..complete].split(|&b| b == b'\n') {
+            if !line.is_empty() {
+                tally.add(line);
+            }
+        }
+        buffer.copy_within(complete..filled, 0);
+        *pending = filled - complete;
+        self.consumed(complete as u64)?;
+        Ok(read)
+    }
+
+    /// Moves the reading on by `bytes`: saved, then the bytes read freed.
+    fn consumed(&mut self, bytes: u64) -> io::Result<()> {
+        let from = self.offset;
+        self.offset += bytes;
+        self.offset_file
+            .write_all_at(format!("{:020}", self.offset).as_bytes(), 0)?;
+        if self.freeing {
+            use rustix::fs::{fallocate, FallocateFlags};
+            let punch = FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE;
+            if let Err(error) = fallocate(&self.file, punch, from, bytes) {
+                eprintln!(
+                    "cdn-operator: nginx-metrics: cannot free what was read of the log ({error}): it grows"
+                );
+                self.freeing = false;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What reading the log keeps between two readings.
+struct Reader<'a> {
+    tally: Tally<'a>,
+    buffer: Vec<u8>,
+    /// The start of a line whose end is not written yet, at the buffer's start.
+    pending: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn new(series: &'a Series) -> Reader<'a> {
+        Reader {
+            tally: Tally::new(series),
+            buffer: vec![0u8; READ_SIZE],
+            pending: 0,
         }
     }
 }
@@ -186,4 +296,63 @@ async fn read_status(socket: &Path) -> Option<StubStatus> {
         .await
         .ok()
         .flatten()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::os::unix::fs::MetadataExt;
+
+    fn requests(series: &Series) -> f64 {
+        let text = crate::runtime::metrics::to_prometheus_text(&series.encode());
+        text.lines()
+            .filter(|l| l.starts_with("cdn_requests_total{"))
+            .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+            .sum()
+    }
+
+    #[test]
+    fn the_log_is_read_line_by_line_freed_and_resumed_where_it_stopped() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cdn-metrics.log");
+        let identity = Identity {
+            cdncluster: "edge".into(),
+            role: "balancer".into(),
+            cache_max_size_bytes: None,
+        };
+        let line = "84\t200\t-\t1100\t200\t0.001\t0.001\t1000\tcdncluster cache\n";
+        let mut log = Log::open(&path).unwrap();
+        assert_eq!(
+            std::fs::metadata(&path).unwrap().mode() & 0o777,
+            0o666,
+            "nginx's user writes it"
+        );
+        let mut writer = OpenOptions::new().append(true).open(&path).unwrap();
+        // 2,000 lines (about 100 KiB, blocks of the filesystem), and the start of one more.
+        writer.write_all(line.repeat(2_000).as_bytes()).unwrap();
+        writer.write_all(&line.as_bytes()[..10]).unwrap();
+        let written = std::fs::metadata(&path).unwrap();
+        let series = Series::new(&identity);
+        let mut reader = Reader::new(&series);
+        while log.read(&mut reader).unwrap() > 0 {}
+        assert_eq!(requests(&series), 2_000.0);
+        let read = std::fs::metadata(&path).unwrap();
+        assert_eq!(read.len(), written.len(), "the file keeps its size");
+        assert!(
+            read.blocks() < written.blocks() / 4,
+            "what was read is freed: {} blocks, {} before",
+            read.blocks(),
+            written.blocks()
+        );
+        // A restarted sidecar: the line begun is read once written whole, no line twice.
+        drop(log);
+        let mut log = Log::open(&path).unwrap();
+        writer.write_all(&line.as_bytes()[10..]).unwrap();
+        writer.write_all(line.as_bytes()).unwrap();
+        let series = Series::new(&identity);
+        let mut reader = Reader::new(&series);
+        while log.read(&mut reader).unwrap() > 0 {}
+        assert_eq!(requests(&series), 2.0);
+    }
 }

@@ -97,6 +97,7 @@ impl Series {
             ]
             .into_iter(),
         );
+        let lines = Family::<ResultLabels, Counter>::default();
         let series = Series {
             registry: Registry::default(),
             requests: Family::default(),
@@ -104,7 +105,7 @@ impl Series {
             received: Family::default(),
             upstream_seconds: Family::new_with_constructor(|| Histogram::new(UPSTREAM_BUCKETS)),
             upstream_errors: Family::default(),
-            lines: Family::default(),
+            lines,
             connections: Family::default(),
             accepted: Counter::default(),
             accepted_seen: AtomicU64::new(0),
@@ -158,7 +159,7 @@ impl Series {
         );
         cdn.register(
             "log_lines",
-            "Lines of nginx's metrics log received: counted, or unreadable",
+            "Lines of nginx's metrics log read: counted, or unreadable",
             series.lines.clone(),
         );
         if let Some(max) = identity.cache_max_size_bytes {
@@ -210,21 +211,25 @@ impl Series {
                 .set(value as i64);
         }
         // nginx counts from its start: after a restart its count is lower, and all of it is new.
-        let before = self
-            .accepted_seen
-            .swap(status.accepted, std::sync::atomic::Ordering::Relaxed);
-        let new = if status.accepted >= before {
-            status.accepted - before
-        } else {
-            status.accepted
-        };
-        self.accepted.inc_by(new);
+        self.accepted
+            .inc_by(since(&self.accepted_seen, status.accepted));
     }
 
     /// The cache's filesystem: its size and what is available, in bytes.
     pub fn observe_filesystem(&self, size: u64, available: u64) {
         self.filesystem_size.set(size as i64);
         self.filesystem_avail.set(available as i64);
+    }
+}
+
+/// What a count of nginx's added since it was `seen` last, and now seen; all of it when it went
+/// down (counted again from nginx's restart).
+fn since(seen: &AtomicU64, now: u64) -> u64 {
+    let before = seen.swap(now, std::sync::atomic::Ordering::Relaxed);
+    if now >= before {
+        now - before
+    } else {
+        now
     }
 }
 
@@ -296,9 +301,9 @@ impl<'a> Tally<'a> {
         }
     }
 
-    /// Adds a datagram of the metrics log.
-    pub fn add(&mut self, datagram: &[u8]) {
-        match super::log::parse(datagram) {
+    /// Adds a line of the metrics log (without its end).
+    pub fn add(&mut self, line: &[u8]) {
+        match super::log::parse(line) {
             Some(line) => {
                 self.add_line(&line);
                 self.counted.inc();
@@ -444,8 +449,8 @@ mod tests {
         }
     }
 
-    fn datagram(message: &str) -> Vec<u8> {
-        format!("<190>Nov 26 19:00:32 cdn: {message}").into_bytes()
+    fn line_of(message: &str) -> Vec<u8> {
+        message.as_bytes().to_vec()
     }
 
     fn sample<'t>(text: &'t str, series: &str) -> Option<&'t str> {
@@ -466,7 +471,7 @@ mod tests {
             "82\t502\tMISS\t314\t502\t-\t0.000\t0\torigin origin",
             "82\t404\t-\t153\t-\t-\t-\t-\tnone none",
         ] {
-            tally.add(&datagram(message));
+            tally.add(&line_of(message));
         }
         tally.add(b"garbage");
         let text = crate::runtime::metrics::to_prometheus_text(&series.encode());
@@ -532,7 +537,7 @@ mod tests {
         let series = Series::new(&identity(None));
         let mut tally = Tally::new(&series);
         for i in 0..(MAX_SOURCES + 10) {
-            tally.add(&datagram(&format!(
+            tally.add(&line_of(&format!(
                 "84\t200\t-\t10\t200\t0.001\t0.001\t10\torigin o{i}"
             )));
         }

@@ -78,6 +78,7 @@ use cdn_operator_testkit::nginx::{self, Nginx, Sandbox};
 use cdn_operator_testkit::Dns;
 use clap::Parser;
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Container;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet};
@@ -132,6 +133,12 @@ const ORIGIN_IP: &str = "127.0.0.20";
 const ORIGIN: &str = "127.0.0.20:8080";
 const ORIGIN_STATUS: &str = "127.0.0.20:8081";
 const DIRECT: &str = "127.0.0.30:80";
+/// The metrics image the topology is rendered with by row 2m: the binary under test runs as the
+/// sidecar, at the image's entrypoint.
+const METRICS_IMAGE: &str = "cdn-operator-under-test";
+const IMAGE_ENTRYPOINT: &str = "/cdn-operator";
+/// The port of the metrics sidecar, moved to the pod's address as nginx's listen line is.
+const METRICS_PORT: u16 = 9113;
 /// The uid and gid of the nginx-unprivileged image, which the pods run as.
 const POD_USER: (u32, u32) = (101, 101);
 /// The large object: 50 MB.
@@ -292,6 +299,8 @@ const ROWS: &[(&str, &str, &str)] = &[
     ("1b", "TCP connections accepted by the caches from the balancer, same loop", "-"),
     ("2", "req/s, cached 1 KiB: balancer->cache / nginx direct (wrk -t1 -c50)", ">= 0.65"),
     ("2b", "req/s, same object asked of its cache directly / nginx direct", "-"),
+    ("2m", "req/s, cached 1 KiB, balancer->cache: metrics sidecars on / off (wrk -t1 -c50)",
+        ">= 0.95"),
     ("3", "cross-host hits: customer-b after customer-a cached the path", "0"),
     ("4", "failed of 20 cached segments after 3 quick origin 503s", "0"),
     ("5", "failed of 75 cached requests during an origin 503 a second (5 s)", "0"),
@@ -391,17 +400,25 @@ fn topology(valid: Option<&str>) -> String {
 }
 
 /// `binary render -f` of the topology (written to `dir`/`file`): the children of each CdnCluster.
+/// With `metrics`, as an operator given a metrics image renders it: every pod with its metrics
+/// sidecar, of the same binary.
 fn render(
     binary: &Path,
     dir: &Path,
     file: &str,
     valid: Option<&str>,
+    metrics: bool,
 ) -> Result<BTreeMap<String, Desired>, String> {
     let path = dir.join(file);
     std::fs::write(&path, topology(valid))
         .map_err(|e| format!("writing {}: {e}", path.display()))?;
-    let out = Command::new(binary)
-        .args(["render", "-f"])
+    let mut command = Command::new(binary);
+    command.arg("render");
+    if metrics {
+        command.args(["--nginx-metrics-image", METRICS_IMAGE]);
+    }
+    let out = command
+        .arg("-f")
         .arg(&path)
         .stdin(Stdio::null())
         .output()
@@ -518,6 +535,8 @@ fn project(dir: &Path, files: &BTreeMap<String, String>, generation: u32) -> io:
 /// A running pod of a CdnCluster.
 struct Pod {
     nginx: Nginx,
+    /// Its metrics sidecar, when it has one: stopped after nginx, as a pod stops its sidecars.
+    sidecar: Option<Nginx>,
     /// Its ConfigMap volume, and the generation projected there.
     config: PathBuf,
     generation: u32,
@@ -534,6 +553,7 @@ fn start_pod(
     ip: &str,
     desired: &Desired,
     incarnation: u32,
+    binary: &Path,
 ) -> Result<Pod, String> {
     let pod_dir = dir.join(format!("{cluster}-pod{incarnation}"));
     let config = pod_dir.join("config");
@@ -551,6 +571,27 @@ fn start_pod(
         .ok_or("the Deployment has no pod template")?;
     let container = spec.containers.first().ok_or("the pod has no container")?;
     let volumes = spec.volumes.as_deref().unwrap_or_default();
+    // The sidecars: restartable init containers, started before nginx.
+    let sidecars: Vec<&Container> = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .filter(|c| c.restart_policy.as_deref() == Some("Always"))
+        .collect();
+    // An emptyDir a sidecar mounts too is a folder of the host both sandboxes see; any other, a
+    // tmpfs of nginx's sandbox.
+    let shared = |name: &str| {
+        sidecars
+            .iter()
+            .flat_map(|c| c.volume_mounts.iter().flatten())
+            .any(|m| m.name == name)
+    };
+    let volume_dir = |name: &str| -> Result<PathBuf, String> {
+        let path = pod_dir.join("volumes").join(name);
+        std::fs::create_dir_all(&path).map_err(|e| e.to_string())?;
+        chmod(&path, 0o777);
+        Ok(path)
+    };
     let mut sandbox = Sandbox::read_only_root()
         .hosts(&setup.hosts)
         .resolv_conf(&setup.resolv_conf);
@@ -559,7 +600,9 @@ fn start_pod(
             .iter()
             .find(|v| v.name == mount.name)
             .ok_or_else(|| format!("no volume {}", mount.name))?;
-        if volume.empty_dir.is_some() {
+        if volume.empty_dir.is_some() && shared(&volume.name) {
+            sandbox = sandbox.volume(volume_dir(&volume.name)?, &mount.mount_path);
+        } else if volume.empty_dir.is_some() {
             sandbox = sandbox.empty_dir(&mount.mount_path);
         } else if volume.config_map.is_some() {
             sandbox = sandbox.read_only(&config, &mount.mount_path);
@@ -572,6 +615,41 @@ fn start_pod(
     }
     if let Some((uid, gid)) = setup.user() {
         sandbox = sandbox.user(uid, gid);
+    }
+    let mut sidecar = None;
+    for container in sidecars {
+        // The binary under test at the image's entrypoint, the pod's shared emptyDirs at their
+        // mounts; its arguments word for word but its listen address, moved to the pod's.
+        let mut sandbox = Sandbox::read_only_root().read_only(binary, IMAGE_ENTRYPOINT);
+        for mount in container.volume_mounts.iter().flatten() {
+            let host = volume_dir(&mount.name)?;
+            sandbox = if mount.read_only == Some(true) {
+                sandbox.read_only(host, &mount.mount_path)
+            } else {
+                sandbox.volume(host, &mount.mount_path)
+            };
+        }
+        if let Some((uid, gid)) = setup.user() {
+            sandbox = sandbox.user(uid, gid);
+        }
+        let listen = format!("{ip}:{METRICS_PORT}");
+        let argv: Vec<String> = std::iter::once(IMAGE_ENTRYPOINT.to_string())
+            .chain(container.args.iter().flatten().map(|a| {
+                if *a == format!(":{METRICS_PORT}") {
+                    listen.clone()
+                } else {
+                    a.clone()
+                }
+            }))
+            .collect();
+        let name = format!("{cluster}-pod{incarnation}-{}", container.name);
+        let process = Nginx::spawn(
+            &name,
+            sandbox.command(&argv),
+            &logs.join(format!("{}.log", container.name)),
+        );
+        process.wait_listening(&listen, &argv.join(" "));
+        sidecar = Some(process);
     }
     let mut argv: Vec<String> = container.command.clone().unwrap_or_default();
     argv.extend(container.args.clone().unwrap_or_default());
@@ -594,6 +672,7 @@ fn start_pod(
     nginx.wait_listening(&format!("{ip}:80"), &files[CONFIG_KEY]);
     Ok(Pod {
         nginx,
+        sidecar,
         config,
         generation: 1,
     })
@@ -806,7 +885,7 @@ struct Cdn {
 impl Cdn {
     /// Renders the topology with `binary` and starts the origin and the three pods.
     fn start(setup: &Setup, binary: &Path, dir: &Path) -> Result<Cdn, String> {
-        let desired = render(binary, dir, "topology.yaml", None)?;
+        let desired = render(binary, dir, "topology.yaml", None, false)?;
         let log = dir.join("origin.access.log");
         std::fs::write(&log, "").map_err(|e| e.to_string())?;
         let conf = origin_config(&setup.www, dir, &log);
@@ -837,11 +916,22 @@ impl Cdn {
     fn restart_pod(&mut self, setup: &Setup, cluster: &str) -> Result<(), String> {
         if let Some(pod) = self.pods.remove(cluster) {
             pod.nginx.stop();
+            if let Some(sidecar) = pod.sidecar {
+                sidecar.kill();
+            }
         }
         let ip = PODS.iter().find(|(c, _)| *c == cluster).expect("a pod").1;
         let n = self.incarnations.entry(cluster.to_string()).or_insert(0);
         *n += 1;
-        let pod = start_pod(setup, &self.dir, cluster, ip, &self.desired[cluster], *n)?;
+        let pod = start_pod(
+            setup,
+            &self.dir,
+            cluster,
+            ip,
+            &self.desired[cluster],
+            *n,
+            &self.binary,
+        )?;
         self.pods.insert(cluster.to_string(), pod);
         Ok(())
     }
@@ -878,9 +968,10 @@ impl Cdn {
     /// origin fail (4, 5, 6), a fresh balancer pod.
     fn run_rows(&mut self, setup: &Setup) -> Vec<Figure> {
         type Row = fn(&mut Cdn, &Setup) -> Vec<Figure>;
-        let rows: [(&str, Row, bool); 15] = [
+        let rows: [(&str, Row, bool); 16] = [
             ("1", |c, s| c.row1_connections(s), false),
             ("2", |c, s| c.row2_throughput(s), false),
+            ("2m", |c, s| c.row2m_metrics_cost(s), false),
             ("3", |c, _| c.row3_hosts(), false),
             ("4", |c, _| c.row4_quick_errors(), true),
             ("5", |c, _| c.row5_steady_errors(), true),
@@ -1069,6 +1160,141 @@ impl Cdn {
                 }),
             ),
         ]
+    }
+
+    /// Row 2m: what counting costs. The cached 1 KiB object through balancer -> cache, `wrk -t1
+    /// -c50`, with every pod as rendered (no metrics), then as rendered with a metrics image (each
+    /// pod with its sidecar: nginx sends it a datagram per request), then with them again, then
+    /// without (ABBA, so that a drift of the machine's load weighs on both alike). The pods are
+    /// replaced at each switch, as a new pod template replaces them. The figure: requests/s with
+    /// metrics over without, and what the balancer's sidecar counted of wrk's requests.
+    fn row2m_metrics_cost(&mut self, setup: &Setup) -> Vec<Figure> {
+        let not_measured = |why: String| {
+            vec![figure(
+                "2m",
+                format!("not measured: {why}"),
+                None,
+                Value::Null,
+            )]
+        };
+        if !setup.has_wrk {
+            return not_measured("no wrk".into());
+        }
+        let counted = match render(&self.binary, &self.dir, "topology-metrics.yaml", None, true) {
+            Ok(desired) => desired,
+            Err(e) => {
+                return not_measured(format!(
+                    "this binary renders no metrics sidecar ({})",
+                    first_line(&e)
+                ))
+            }
+        };
+        let has_sidecar = |desired: &BTreeMap<String, Desired>| {
+            desired.values().all(|d| {
+                d.deployment
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.template.spec.as_ref())
+                    .is_some_and(|p| p.init_containers.as_ref().is_some_and(|c| !c.is_empty()))
+            })
+        };
+        if !has_sidecar(&counted) {
+            return not_measured("this binary renders no metrics sidecar".into());
+        }
+        let plain = self.desired.clone();
+        let path = "/obj/r2m-1k";
+        let mut errors = Vec::new();
+        let mut runs: Vec<(bool, f64, u64)> = Vec::new();
+        let mut edge_counted = None;
+        for metrics in [false, true, true, false] {
+            let wanted = if metrics { &counted } else { &plain };
+            if self.desired[PODS[0].0].deployment != wanted[PODS[0].0].deployment {
+                let done = self.apply(setup, wanted.clone());
+                if let Some(failed) = done.values().find(|d| d.contains("failed")) {
+                    errors.push(failed.clone());
+                    break;
+                }
+            }
+            // A fresh cache: the object fetched once, then a HIT.
+            let hit = (0..50).any(|_| {
+                let hit =
+                    get_once(path).is_ok_and(|r| r.header(CACHE_STATUS_HEADER) == Some("HIT"));
+                if !hit {
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                hit
+            });
+            if !hit {
+                errors.push(format!("{path}: no HIT (metrics {metrics})"));
+            }
+            match wrk(&format!("http://{EDGE}{path}"), setup.wrk_seconds) {
+                Ok(run) => {
+                    if run.errors > 0 {
+                        errors.push(format!("metrics {metrics}: {} errors", run.errors));
+                    }
+                    runs.push((metrics, run.rps, run.requests));
+                }
+                Err(e) => errors.push(format!("metrics {metrics}: {e}")),
+            }
+            if metrics {
+                // What the balancer's sidecar counted so far, read once its last lines are in.
+                std::thread::sleep(Duration::from_millis(500));
+                edge_counted = Client::once(
+                    &format!("{}:{METRICS_PORT}", PODS[0].1),
+                    "GET",
+                    "/metrics",
+                    &[],
+                )
+                .ok()
+                .map(|r| {
+                    let text = String::from_utf8_lossy(&r.body);
+                    (
+                        metric_sum(&text, "cdn_requests_total", ""),
+                        metric_sum(&text, "cdn_log_lines_total", r#"result="unreadable""#),
+                    )
+                });
+            }
+        }
+        // Back as rendered, for the rows after this one.
+        if self.desired[PODS[0].0].deployment != plain[PODS[0].0].deployment {
+            self.apply(setup, plain);
+        }
+        let total = |on: bool| -> (f64, u64, usize) {
+            runs.iter()
+                .filter(|(m, _, _)| *m == on)
+                .fold((0.0, 0, 0), |(r, n, k), (_, rps, req)| {
+                    (r + rps, n + req, k + 1)
+                })
+        };
+        let ((on_rps, on_requests, on_runs), (off_rps, _, off_runs)) = (total(true), total(false));
+        let measured = on_runs == 2 && off_runs == 2 && off_rps > 0.0;
+        let ratio = measured.then(|| on_rps / off_rps);
+        let shown = match ratio {
+            Some(r) => format!(
+                "{r:.2} ({:.0} / {:.0}), balancer counted {} of {} requests, {} unreadable{}",
+                on_rps / 2.0,
+                off_rps / 2.0,
+                edge_counted.map_or("?".into(), |(c, _)| format!("{c:.0}")),
+                on_requests,
+                edge_counted.map_or("?".into(), |(_, d)| format!("{d:.0}")),
+                if errors.is_empty() { "" } else { ", errors" }
+            ),
+            None => format!("not measured: {}", errors.join("; ")),
+        };
+        vec![figure(
+            "2m",
+            shown,
+            ratio.map(|r| r >= 0.95),
+            json!({
+                "runs": runs.iter().map(|(m, rps, req)| json!({"metrics": m, "rps": rps, "requests": req})).collect::<Vec<_>>(),
+                "ratio": ratio,
+                "edge_counted_requests": edge_counted.map(|(c, _)| c),
+                "edge_unreadable_lines": edge_counted.map(|(_, d)| d),
+                "wrk_requests_with_metrics": on_requests,
+                "errors": errors,
+                "wrk_seconds": setup.wrk_seconds,
+            }),
+        )]
     }
 
     /// Row 3: `Host: customer-a` caches /site/page.html; then `Host: customer-b` asks for it.
@@ -1476,6 +1702,7 @@ impl Cdn {
             &self.dir,
             "topology-changed.yaml",
             Some("20m"),
+            false,
         ) {
             Ok(desired) => {
                 let changed: Vec<&str> = PODS
@@ -1522,6 +1749,7 @@ impl Cdn {
                 ip,
                 &self.desired["cache-1"],
                 100 + k as u32,
+                &self.binary,
             ) {
                 Ok(pod) => extra.push(pod),
                 Err(e) => {
@@ -1965,6 +2193,8 @@ fn parallel<T: Send>(n: usize, threads: usize, f: impl Fn(usize) -> T + Sync) ->
 
 struct WrkRun {
     rps: f64,
+    /// Requests completed.
+    requests: u64,
     errors: u64,
 }
 
@@ -2007,6 +2237,13 @@ fn wrk(url: &str, seconds: u64) -> Result<WrkRun, String> {
             .and_then(|v| v.parse::<f64>().ok())
     };
     let rps = number("Requests/sec:").ok_or_else(|| format!("wrk said: {out}"))?;
+    // `  123456 requests in 5.00s, 40.12MB read`
+    let requests = out
+        .lines()
+        .find(|l| l.contains(" requests in "))
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
     let mut errors = number("Non-2xx or 3xx responses:").unwrap_or(0.0) as u64;
     if let Some(line) = out.lines().find(|l| l.trim().starts_with("Socket errors:")) {
         errors += line
@@ -2014,7 +2251,11 @@ fn wrk(url: &str, seconds: u64) -> Result<WrkRun, String> {
             .filter_map(|n| n.parse::<u64>().ok())
             .sum::<u64>();
     }
-    Ok(WrkRun { rps, errors })
+    Ok(WrkRun {
+        rps,
+        requests,
+        errors,
+    })
 }
 
 /// Says so when the workspace's binary is older than the operator's sources.
@@ -2325,4 +2566,14 @@ fn table(columns: &BTreeMap<&str, Column>) -> String {
         out.push_str(&format!("{name}: {}\n", column.binary.display()));
     }
     out
+}
+
+/// The first line of a message.
+fn first_line(text: &str) -> &str {
+    text.lines().next().unwrap_or_default()
+}
+
+/// The sum of the series of `name` whose labels include `labels` in a Prometheus exposition.
+fn metric_sum(text: &str, name: &str, labels: &str) -> f64 {
+    cdn_operator_testkit::metric_sum(text, name, labels).unwrap_or(0.0)
 }
