@@ -184,15 +184,25 @@ done
 step "promtool: alert rules, their unit tests, dashboard queries"
 mkdir -p "$work/rules"
 "$py" scripts/artifact_checks.py rules-file kustomize/components/prometheus/prometheus_rule.yaml "$work/rules/cdn-operator.rules.yaml"
-cp tests/alerts/cdn-operator.rules.test.yaml "$work/rules/"
 promtool check rules "$work/rules/cdn-operator.rules.yaml"
-promtool test rules "$work/rules/cdn-operator.rules.test.yaml"
-"$py" scripts/artifact_checks.py dashboard-rules kustomize/components/grafana-dashboards/cdn-operator.json "$work/rules/dashboard.rules.yaml"
-promtool check rules "$work/rules/dashboard.rules.yaml"
+# Every unit test file (the operator's alerts, the CDN's), each beside the extracted rules.
+for t in tests/alerts/*.test.yaml; do
+  cp "$t" "$work/rules/"
+  promtool test rules "$work/rules/${t##*/}"
+done
+dashboards=(kustomize/components/grafana-dashboards/*.json)
+[ "${#dashboards[@]}" -ge 2 ] || { echo "expected the cdn-operator and cdn-clusters dashboards"; exit 1; }
+for d in "${dashboards[@]}"; do
+  name=$(basename "$d" .json)
+  "$py" scripts/artifact_checks.py dashboard-rules "$d" "$work/rules/dashboard-$name.rules.yaml"
+  promtool check rules "$work/rules/dashboard-$name.rules.yaml"
+done
 
-step "Grafana: the dashboard against @grafana/schema's Dashboard type"
-NODE_ROOT="$tools/node" sh "$shared/tools/check_dashboard.sh" kustomize/components/grafana-dashboards/cdn-operator.json
-echo "ok dashboard type-checks"
+step "Grafana: the dashboards against @grafana/schema's Dashboard type"
+for d in "${dashboards[@]}"; do
+  NODE_ROOT="$tools/node" sh "$shared/tools/check_dashboard.sh" "$d"
+  echo "ok $d type-checks"
+done
 
 step "Argo CD health checks (Lua, Argo CD's test format)"
 "$py" scripts/argocd_health_test.py "$shared/tools/argo_health.lua"

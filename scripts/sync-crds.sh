@@ -2,7 +2,7 @@
 # Writes every shipped copy of the CRDs from their single source, `cdn-operator crd` (generated
 # from src/api/): one file per CRD, named <group>_<plural>.yaml as OLM bundles expect, into
 #   kustomize/base/crds/, helm/cdn-operator/files/crds/ and bundle/manifests/.
-# It also copies the Grafana dashboard and the PrometheusRule of kustomize/components/ into the
+# It also copies the Grafana dashboards and the PrometheusRule of kustomize/components/ into the
 # Helm chart's files/ (Helm cannot read outside its chart), and the metrics Service,
 # PodDisruptionBudget, ServiceMonitor and PrometheusRule into bundle/manifests/ (OLM installs
 # bundle objects of these kinds as they are), then regenerates the catalog's bundle properties.
@@ -39,9 +39,10 @@ for dest in kustomize/base/crds helm/cdn-operator/files/crds bundle/manifests; d
 done
 for f in "$tmp"/*.yaml; do echo "synced ${f##*/}"; done
 mkdir -p helm/cdn-operator/files/dashboards
-cp kustomize/components/grafana-dashboards/cdn-operator.json helm/cdn-operator/files/dashboards/
+cp kustomize/components/grafana-dashboards/cdn-operator.json kustomize/components/grafana-dashboards/cdn-clusters.json \
+  helm/cdn-operator/files/dashboards/
 cp kustomize/components/prometheus/prometheus_rule.yaml helm/cdn-operator/files/
-echo "synced the dashboard and the PrometheusRule into helm/cdn-operator/files/"
+echo "synced the dashboards and the PrometheusRule into helm/cdn-operator/files/"
 cp kustomize/base/metrics_service.yaml bundle/manifests/cdn-operator-metrics.service.yaml
 cp kustomize/base/pod_disruption_budget.yaml bundle/manifests/cdn-operator.poddisruptionbudget.yaml
 cp kustomize/components/prometheus/service_monitor.yaml bundle/manifests/cdn-operator.servicemonitor.yaml

@@ -116,6 +116,10 @@ fn copies_for_helm_and_olm_are_byte_copies_of_the_kustomize_sources() {
             "helm/cdn-operator/files/dashboards/cdn-operator.json",
         ),
         (
+            CDN_DASHBOARD,
+            "helm/cdn-operator/files/dashboards/cdn-clusters.json",
+        ),
+        (
             "kustomize/components/prometheus/prometheus_rule.yaml",
             "helm/cdn-operator/files/prometheus_rule.yaml",
         ),
@@ -927,8 +931,25 @@ fn the_metric_name_extractor_finds_metrics_and_only_metrics() {
     );
 }
 
+const OPERATOR_DASHBOARD: &str = "kustomize/components/grafana-dashboards/cdn-operator.json";
+/// The CdnClusters' traffic, from the nginx-metrics sidecar (docs/cdn-metrics.md).
+const CDN_DASHBOARD: &str = "kustomize/components/grafana-dashboards/cdn-clusters.json";
+/// The alert group on the operator itself, and the one on the CdnClusters' traffic.
+const OPERATOR_ALERTS: &str = "cdn-operator";
+const CDN_ALERTS: &str = "cdnclusters";
+
+/// The operator's own series (docs/metrics.txt).
 fn exported_metrics() -> BTreeSet<String> {
-    read("docs/metrics.txt")
+    metric_list("docs/metrics.txt")
+}
+
+/// The nginx-metrics sidecar's series (docs/cdn-metrics.txt).
+fn cdn_metrics() -> BTreeSet<String> {
+    metric_list("docs/cdn-metrics.txt")
+}
+
+fn metric_list(path: &str) -> BTreeSet<String> {
+    read(path)
         .lines()
         .map(str::trim)
         .filter(|l| !l.is_empty() && !l.starts_with('#'))
@@ -973,33 +994,93 @@ fn alert_exprs() -> Vec<String> {
         .collect()
 }
 
-#[test]
-fn dashboard_and_alerts_only_use_exported_metrics() {
-    let exported = exported_metrics();
-    // Prometheus writes `up` for every scrape target; the operator does not export it.
-    let synthesized = BTreeSet::from(["up".to_string()]);
+/// The expressions of one group of the PrometheusRule (none when there is no such group).
+fn alert_group_exprs(group: &str) -> Vec<String> {
+    let rule = yaml("kustomize/components/prometheus/prometheus_rule.yaml");
+    rule["spec"]["groups"]
+        .as_array()
+        .expect("groups")
+        .iter()
+        .filter(|g| g["name"] == group)
+        .flat_map(|g| g["rules"].as_array().expect("rules").iter())
+        .map(|r| str_at(r, "/expr").to_string())
+        .collect()
+}
+
+/// The metric names of labelled expressions; panics on one that selects no metric or one outside
+/// `allowed` (a series nobody exports: the panel or alert would silently show nothing).
+fn metrics_used(
+    exprs: &[(String, String)],
+    allowed: &BTreeSet<String>,
+    list: &str,
+) -> BTreeSet<String> {
     let mut used = BTreeSet::new();
-    let exprs: Vec<(String, String)> =
-        dashboard_exprs("kustomize/components/grafana-dashboards/cdn-operator.json")
-            .into_iter()
-            .map(|e| ("dashboard".to_string(), e))
-            .chain(alert_exprs().into_iter().map(|e| ("alerts".to_string(), e)))
-            .collect();
-    assert!(
-        exprs.len() > 10,
-        "the dashboard and the alerts have queries"
-    );
-    for (source, expr) in &exprs {
+    for (source, expr) in exprs {
         let names = metric_names(expr);
         assert!(!names.is_empty(), "{source}: no metric in {expr}");
         for name in names {
             assert!(
-                exported.contains(&name) || synthesized.contains(&name),
-                "{source} uses {name}, which the operator does not export (docs/metrics.txt): {expr}"
+                allowed.contains(&name),
+                "{source} uses {name}, which is not exported ({list}): {expr}"
             );
             used.insert(name);
         }
     }
+    used
+}
+
+fn labelled(source: &str, exprs: Vec<String>) -> Vec<(String, String)> {
+    exprs.into_iter().map(|e| (source.to_string(), e)).collect()
+}
+
+#[test]
+fn dashboard_and_alerts_only_use_exported_metrics() {
+    let exported = exported_metrics();
+    let cdn = cdn_metrics();
+    // Prometheus writes `up` for every scrape target; the operator does not export it.
+    let synthesized = BTreeSet::from(["up".to_string()]);
+    // Every group of the PrometheusRule is one of the two below, so every alert is checked.
+    let rule = yaml("kustomize/components/prometheus/prometheus_rule.yaml");
+    let groups: Vec<&str> = rule["spec"]["groups"]
+        .as_array()
+        .expect("groups")
+        .iter()
+        .map(|g| str_at(g, "/name"))
+        .collect();
+    assert_eq!(groups, [OPERATOR_ALERTS, CDN_ALERTS]);
+    let all: Vec<(String, String)> = dashboard_exprs(OPERATOR_DASHBOARD)
+        .into_iter()
+        .chain(dashboard_exprs(CDN_DASHBOARD))
+        .map(|e| ("a dashboard".to_string(), e))
+        .chain(alert_exprs().into_iter().map(|e| ("alerts".to_string(), e)))
+        .collect();
+    assert_eq!(
+        all.len(),
+        dashboard_exprs(OPERATOR_DASHBOARD).len()
+            + dashboard_exprs(CDN_DASHBOARD).len()
+            + alert_group_exprs(OPERATOR_ALERTS).len()
+            + alert_group_exprs(CDN_ALERTS).len()
+    );
+    // Everything shipped uses docs/metrics.txt ∪ docs/cdn-metrics.txt (∪ `up`) ...
+    let either: BTreeSet<String> = exported
+        .union(&cdn)
+        .cloned()
+        .chain(synthesized.clone())
+        .collect();
+    metrics_used(&all, &either, "docs/metrics.txt, docs/cdn-metrics.txt");
+
+    // ... and each part only its own: the operator's dashboard and alerts the operator's series.
+    let operator: Vec<(String, String)> =
+        labelled("dashboard", dashboard_exprs(OPERATOR_DASHBOARD))
+            .into_iter()
+            .chain(labelled("alerts", alert_group_exprs(OPERATOR_ALERTS)))
+            .collect();
+    assert!(
+        operator.len() > 10,
+        "the dashboard and the alerts have queries"
+    );
+    let operator_allowed: BTreeSet<String> = exported.union(&synthesized).cloned().collect();
+    let used = metrics_used(&operator, &operator_allowed, "docs/metrics.txt");
     // The dashboard covers what the issue asks for.
     for needed in [
         "controller_runtime_reconcile_total",
@@ -1014,6 +1095,333 @@ fn dashboard_and_alerts_only_use_exported_metrics() {
     ] {
         assert!(used.contains(needed), "nothing shows {needed}");
     }
+
+    // The CDN dashboard and the CdnClusters' alerts: the sidecar's series only (issue 37).
+    let cdn_dashboard = labelled("CDN dashboard", dashboard_exprs(CDN_DASHBOARD));
+    let cdn_alerts = labelled("CDN alerts", alert_group_exprs(CDN_ALERTS));
+    assert!(cdn_dashboard.len() > 20, "the CDN dashboard has queries");
+    assert!(cdn_alerts.len() >= 5, "the CDN alerts have queries");
+    let used = metrics_used(&cdn_dashboard, &cdn, "docs/cdn-metrics.txt");
+    let alerted = metrics_used(&cdn_alerts, &cdn, "docs/cdn-metrics.txt");
+    for needed in [
+        "cdn_requests_total",
+        "cdn_sent_bytes_total",
+        "cdn_upstream_received_bytes_total",
+        "cdn_upstream_response_seconds_bucket",
+        "cdn_upstream_response_seconds_count",
+        "cdn_upstream_errors_total",
+        "cdn_connections",
+        "cdn_connections_accepted_total",
+        "cdn_nginx_up",
+        "cdn_cache_max_size_bytes",
+        "cdn_cache_filesystem_size_bytes",
+        "cdn_cache_filesystem_avail_bytes",
+        "cdn_log_lines_total",
+    ] {
+        assert!(
+            used.contains(needed),
+            "the CDN dashboard shows nothing of {needed}"
+        );
+    }
+    for needed in [
+        "cdn_requests_total",
+        "cdn_upstream_errors_total",
+        "cdn_upstream_response_seconds_count",
+        "cdn_upstream_received_bytes_total",
+        "cdn_cache_max_size_bytes",
+        "cdn_cache_filesystem_avail_bytes",
+        "cdn_cache_filesystem_size_bytes",
+        "cdn_nginx_up",
+    ] {
+        assert!(alerted.contains(needed), "no CDN alert uses {needed}");
+    }
+}
+
+/// Every panel of a dashboard that is not a row: (title, description, its query expressions).
+fn dashboard_panels(path: &str) -> Vec<(String, String, Vec<String>)> {
+    let dashboard: Value = serde_json::from_str(&read(path)).expect("dashboard JSON");
+    dashboard["panels"]
+        .as_array()
+        .expect("panels")
+        .iter()
+        .filter(|p| p["type"] != "row")
+        .map(|p| {
+            let exprs = p["targets"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|t| str_at(t, "/expr").to_string())
+                .collect();
+            let description = p["description"].as_str().unwrap_or_default().to_string();
+            (str_at(p, "/title").to_string(), description, exprs)
+        })
+        .collect()
+}
+
+#[test]
+fn dashboards_lay_out_panels_without_overlap() {
+    for path in [OPERATOR_DASHBOARD, CDN_DASHBOARD] {
+        let dashboard: Value = serde_json::from_str(&read(path)).expect("dashboard JSON");
+        let mut cells = BTreeSet::new();
+        let mut ids = BTreeSet::new();
+        for panel in dashboard["panels"].as_array().expect("panels") {
+            let id = panel["id"].as_u64().expect("panel id");
+            assert!(ids.insert(id), "{path}: panel id {id} twice");
+            let at = |k: &str| panel["gridPos"][k].as_u64().expect("gridPos");
+            let (x, y, w, h) = (at("x"), at("y"), at("w"), at("h"));
+            assert!(
+                x + w <= 24 && w > 0 && h > 0,
+                "{path}: panel {id} out of the grid"
+            );
+            for cell in (x..x + w).flat_map(|cx| (y..y + h).map(move |cy| (cx, cy))) {
+                assert!(
+                    cells.insert(cell),
+                    "{path}: panel {id} overlaps another at {cell:?}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn cdn_dashboard_shows_what_issue_37_asks() {
+    let dashboard: Value = serde_json::from_str(&read(CDN_DASHBOARD)).expect("dashboard JSON");
+    let operator: Value = serde_json::from_str(&read(OPERATOR_DASHBOARD)).expect("dashboard JSON");
+    assert_ne!(
+        dashboard["uid"], operator["uid"],
+        "two dashboards, two uids"
+    );
+    // The variables: a data source, then namespace, cdncluster and role from the sidecar's series.
+    let vars = dashboard["templating"]["list"]
+        .as_array()
+        .expect("variables");
+    let names: Vec<&str> = vars.iter().map(|v| str_at(v, "/name")).collect();
+    assert_eq!(names, ["datasource", "namespace", "cdncluster", "role"]);
+    assert_eq!(vars[0]["type"], "datasource");
+    assert_eq!(vars[0]["query"], "prometheus");
+    for var in &vars[1..] {
+        assert_eq!(var["datasource"]["uid"], "${datasource}");
+        assert!(str_at(var, "/query/query").starts_with("label_values(cdn_"));
+    }
+    // Every panel queries ${datasource}, every query of it too.
+    for panel in dashboard["panels"].as_array().unwrap() {
+        if panel["type"] == "row" {
+            continue;
+        }
+        assert_eq!(panel["datasource"]["uid"], "${datasource}", "{panel}");
+        for t in panel["targets"].as_array().expect("targets") {
+            assert_eq!(t["datasource"]["uid"], "${datasource}", "{t}");
+        }
+    }
+    let panels = dashboard_panels(CDN_DASHBOARD);
+    assert!(panels.len() >= 20, "{} panels", panels.len());
+    for (title, description, exprs) in &panels {
+        assert!(
+            !title.is_empty() && description.len() > 20,
+            "{title}: a title and a description"
+        );
+        assert!(!exprs.is_empty(), "{title}: no query");
+        for expr in exprs {
+            // Each selector filters by the namespace variable; by the CdnCluster one too, except
+            // in the top-10 panels, which rank the clusters of the selected namespaces.
+            let selectors = expr.matches('{').count();
+            assert!(selectors > 0, "{title}: {expr}");
+            assert_eq!(
+                expr.matches(r#"namespace=~"$namespace""#).count(),
+                selectors,
+                "{title}: a selector without namespace=~\"$namespace\": {expr}"
+            );
+            if !expr.starts_with("topk(") {
+                assert_eq!(
+                    expr.matches(r#"cdncluster=~"$cdncluster""#).count(),
+                    selectors,
+                    "{title}: a selector without cdncluster=~\"$cdncluster\": {expr}"
+                );
+            }
+        }
+    }
+    let has = |what: &str, test: &dyn Fn(&str) -> bool| {
+        assert!(
+            panels
+                .iter()
+                .any(|(_, _, exprs)| exprs.iter().any(|e| test(e))),
+            "the CDN dashboard shows no {what}"
+        );
+    };
+    let per_cluster =
+        |e: &str, grouping: &str| e.contains(&format!("sum by (namespace, cdncluster{grouping})"));
+    has("hit ratio per CdnCluster", &|e| {
+        per_cluster(e, "")
+            && e.contains(r#"cdn_requests_total{"#)
+            && e.contains(r#"cache_status=~"HIT|STALE|UPDATING|REVALIDATED""#)
+            && e.contains(r#"cache_status!="NONE""#)
+            && e.contains(" / ")
+    });
+    has("origin offload per CdnCluster", &|e| {
+        per_cluster(e, "")
+            && e.starts_with("1 - ")
+            && e.contains("rate(cdn_upstream_received_bytes_total{")
+            && e.contains(r#"source_kind="origin""#)
+            && e.contains("rate(cdn_sent_bytes_total{")
+    });
+    has("origin offload of the CDN as a whole", &|e| {
+        e.starts_with("1 - ")
+            && e.contains(r#"role="cache", source_kind="origin""#)
+            && e.contains(r#"role="balancer""#)
+            && e.contains("rate(cdn_sent_bytes_total{")
+    });
+    has("request rate by status class", &|e| {
+        per_cluster(e, ", status_class") && e.contains("rate(cdn_requests_total{")
+    });
+    has("request rate by cache status", &|e| {
+        per_cluster(e, ", cache_status") && e.contains("rate(cdn_requests_total{")
+    });
+    has("5xx rate", &|e| {
+        e.contains("rate(cdn_requests_total{") && e.contains(r#"status_class="5xx""#)
+    });
+    has("upstream p99 per CdnCluster", &|e| {
+        e.starts_with("histogram_quantile(0.99, sum by (namespace, cdncluster, le) (rate(cdn_upstream_response_seconds_bucket{")
+    });
+    has("upstream errors by kind", &|e| {
+        e.contains("rate(cdn_upstream_errors_total{") && e.contains(", kind)")
+    });
+    has("bytes served", &|e| {
+        per_cluster(e, "") && e.contains("rate(cdn_sent_bytes_total{")
+    });
+    has("connections by state", &|e| {
+        per_cluster(e, ", state") && e.contains("(cdn_connections{")
+    });
+    has("top CdnClusters by request rate", &|e| {
+        e.starts_with("topk(") && e.contains("rate(cdn_requests_total{")
+    });
+    has("top CdnClusters by bytes", &|e| {
+        e.starts_with("topk(") && e.contains("rate(cdn_sent_bytes_total{")
+    });
+    // Topology: each balancer with its cache tiers (the `source` label), each cache with its
+    // origins.
+    has("balancers' error ratio at their cache tiers", &|e| {
+        per_cluster(e, ", source")
+            && e.contains(r#"role="balancer", source_kind="cdncluster""#)
+            && e.contains("rate(cdn_upstream_errors_total{")
+            && e.contains("rate(cdn_upstream_response_seconds_count{")
+    });
+    has("balancers' latency at their cache tiers", &|e| {
+        e.starts_with("histogram_quantile(0.99, sum by (namespace, cdncluster, source, le)")
+            && e.contains(r#"role="balancer", source_kind="cdncluster""#)
+    });
+    has("caches' origin traffic", &|e| {
+        per_cluster(e, ", source")
+            && e.contains(r#"role="cache", source_kind="origin""#)
+            && e.contains("rate(cdn_upstream_received_bytes_total{")
+    });
+    has("cache filesystem use", &|e| {
+        e.contains("cdn_cache_filesystem_avail_bytes{")
+            && e.contains("cdn_cache_filesystem_size_bytes{")
+    });
+    has("cache turnover against max_size", &|e| {
+        e.contains(r#"cache_status=~"MISS|EXPIRED""#) && e.contains("cdn_cache_max_size_bytes{")
+    });
+}
+
+/// `label OP "value"` matchers of `label` (=, !=, =~, !~) in an expression: the values, regular
+/// expressions split on `|`.
+fn matcher_alternatives(expr: &str, label: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut from = 0;
+    while let Some(pos) = expr[from..].find(label) {
+        let start = from + pos;
+        from = start + label.len();
+        let before = expr[..start].chars().next_back();
+        if before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_') {
+            continue;
+        }
+        let rest = &expr[from..];
+        let Some(op) = ["=~", "!~", "!=", "="]
+            .into_iter()
+            .find(|op| rest.starts_with(op))
+        else {
+            continue;
+        };
+        let Some(value) = rest[op.len()..]
+            .strip_prefix('"')
+            .and_then(|v| v.split_once('"'))
+        else {
+            continue;
+        };
+        if op.contains('~') {
+            out.extend(value.0.split('|').map(str::to_string));
+        } else {
+            out.push(value.0.to_string());
+        }
+    }
+    out
+}
+
+#[test]
+fn cdn_label_matchers_name_real_values() {
+    assert_eq!(
+        matcher_alternatives(
+            r#"a{role="cache", kind=~"error|timeout", xrole="y", cache_status!="NONE"}"#,
+            "role"
+        ),
+        ["cache"]
+    );
+    assert_eq!(
+        matcher_alternatives(r#"a{role="cache", kind=~"error|timeout"}"#, "kind"),
+        ["error", "timeout"]
+    );
+    // The label values of docs/cdn-metrics.md.
+    let values: [(&str, &[&str]); 7] = [
+        ("role", &["balancer", "cache"]),
+        ("source_kind", &["cdncluster", "origin", "mixed", "none"]),
+        ("status_class", &["1xx", "2xx", "3xx", "4xx", "5xx"]),
+        (
+            "cache_status",
+            &[
+                "HIT",
+                "MISS",
+                "EXPIRED",
+                "STALE",
+                "UPDATING",
+                "REVALIDATED",
+                "BYPASS",
+                "NONE",
+            ],
+        ),
+        ("kind", &["error", "timeout", "http_5xx"]),
+        ("state", &["active", "reading", "writing", "waiting"]),
+        ("result", &["counted", "unreadable"]),
+    ];
+    let mut checked = BTreeSet::new();
+    let exprs = dashboard_exprs(CDN_DASHBOARD)
+        .into_iter()
+        .chain(alert_group_exprs(CDN_ALERTS));
+    for expr in exprs {
+        for (label, known) in values {
+            for v in matcher_alternatives(&expr, label) {
+                // A dashboard variable ($role) stands for the values of the series themselves.
+                if v.starts_with('$') {
+                    continue;
+                }
+                assert!(
+                    known.contains(&v.as_str()),
+                    "unknown {label} {v:?} in {expr}"
+                );
+                checked.insert(label);
+            }
+        }
+    }
+    assert_eq!(
+        checked,
+        BTreeSet::from([
+            "role",
+            "source_kind",
+            "status_class",
+            "cache_status",
+            "kind"
+        ]),
+        "the CDN queries match on these labels"
+    );
 }
 
 #[test]
@@ -1117,7 +1525,8 @@ fn every_alert_has_a_runbook_section() {
             assert!(r["labels"]["severity"].is_string(), "{alert}: severity");
         }
     }
-    assert_eq!(alerts, 6);
+    // 6 on the operator, 6 on the CdnClusters' traffic.
+    assert_eq!(alerts, 12);
 }
 
 #[test]
