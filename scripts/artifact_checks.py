@@ -12,7 +12,11 @@
   pod-ids none|pinned RENDERED.yaml...         no pod fixes a UID/GID (OpenShift assigns them), or
                                                the operator and the pods it creates are pinned
   no-kind KIND RENDERED.yaml                   no object of KIND (an overlay must not own it)
-  kube-prometheus-stack RENDERED.yaml          its ServiceMonitors and rules are selected by kube-prometheus-stack
+  kube-prometheus-stack RENDERED.yaml          its ServiceMonitor, PodMonitor and rules are selected by kube-prometheus-stack
+  pod-monitor-namespace NS RENDERED.yaml       the PodMonitor scrapes the nginx pods of namespace NS only
+  nginx-metrics-image same|none|IMAGE RENDERED.yaml...
+                                               the operator's RELATED_IMAGE_NGINX_METRICS is its own image,
+                                               absent, or IMAGE
   catalog-properties [--write]                 olm/catalog's bundle properties are those of bundle/
                                                (--write: regenerate them)
 """
@@ -205,23 +209,93 @@ def no_kind(kind, path):
     if found:
         sys.exit(f"{path}: has {kind} {found}")
     print(f"no {kind} in {path}")
+
+
+# The labels of every CdnCluster nginx pod that the PodMonitor selects them by (src/cdncluster/build.rs).
+NGINX_POD_LABELS = {"app.kubernetes.io/name": "cdncluster", "app.kubernetes.io/managed-by": "cdn-operator"}
+# The metrics sidecar's endpoint (docs/cdn-metrics.txt).
+NGINX_METRICS_ENDPOINT = {"port": "metrics", "path": "/metrics"}
+
+
+def pod_monitor_problems(o):
+    name = f"PodMonitor/{o['metadata']['name']}"
+    bad = []
+    if o["spec"].get("selector") != {"matchLabels": NGINX_POD_LABELS}:
+        bad.append(f"{name} selects {o['spec'].get('selector')}, not the nginx pods {NGINX_POD_LABELS}")
+    endpoints = o["spec"].get("podMetricsEndpoints", [])
+    if len(endpoints) != 1 or {k: endpoints[0].get(k) for k in NGINX_METRICS_ENDPOINT} != NGINX_METRICS_ENDPOINT:
+        bad.append(f"{name} scrapes {endpoints}, not {NGINX_METRICS_ENDPOINT}")
+    return bad
+
+
 def kube_prometheus_stack(path):
     # kube-prometheus-stack's Prometheus selects `release: <its release>` (kube-prometheus-stack
-    # by default); honorLabels keeps the domain gauges' namespace as `namespace`.
-    found, bad = 0, []
+    # by default); honorLabels keeps the domain gauges' namespace as `namespace`. The PodMonitor
+    # of the nginx pods keeps Prometheus's `namespace` and `pod` (the sidecar sets neither).
+    found, bad = [], []
     for o in docs(path):
-        if o["kind"] not in ("ServiceMonitor", "PrometheusRule"):
+        if o["kind"] not in ("ServiceMonitor", "PrometheusRule", "PodMonitor"):
             continue
-        found += 1
+        found.append(o["kind"])
         name = f"{o['kind']}/{o['metadata']['name']}"
         if o["metadata"].get("labels", {}).get("release") != "kube-prometheus-stack":
             bad.append(f"{name} lacks release: kube-prometheus-stack")
         for e in o["spec"].get("endpoints", []) if o["kind"] == "ServiceMonitor" else []:
             if e.get("honorLabels") is not True:
                 bad.append(f"{name} endpoint {e.get('port')} without honorLabels: true")
-    if found != 2 or bad:
-        sys.exit(f"{path}: {found} ServiceMonitor/PrometheusRule (want 2); {bad}")
-    print(f"{path}: ServiceMonitor and PrometheusRule selected by kube-prometheus-stack")
+        if o["kind"] == "PodMonitor":
+            bad += pod_monitor_problems(o)
+            if o["spec"].get("namespaceSelector") != {"any": True}:
+                bad.append(f"{name}: a cluster-wide install scrapes every namespace, not {o['spec'].get('namespaceSelector')}")
+    if sorted(found) != ["PodMonitor", "PrometheusRule", "ServiceMonitor"] or bad:
+        sys.exit(f"{path}: {sorted(found)} (want one PodMonitor, PrometheusRule and ServiceMonitor); {bad}")
+    print(f"{path}: ServiceMonitor, PodMonitor and PrometheusRule selected by kube-prometheus-stack")
+
+
+def pod_monitor_namespace(ns, path):
+    # Single-namespace mode: the operator's CdnClusters, and so the nginx pods, are in NS alone.
+    monitors = [o for o in docs(path) if o["kind"] == "PodMonitor"]
+    if len(monitors) != 1:
+        sys.exit(f"{path}: {len(monitors)} PodMonitors (want 1)")
+    (o,) = monitors
+    bad = pod_monitor_problems(o)
+    selector = o["spec"].get("namespaceSelector") or {}
+    own = o["metadata"].get("namespace")
+    # No selector (or any: false without names) means the PodMonitor's own namespace.
+    if selector.get("any"):
+        bad.append(f"namespaceSelector {selector} scrapes every namespace")
+    elif selector.get("matchNames"):
+        if selector["matchNames"] != [ns]:
+            bad.append(f"namespaceSelector {selector} is not [{ns}]")
+    elif own != ns:
+        bad.append(f"it scrapes its own namespace {own}, not {ns}")
+    if bad:
+        sys.exit(f"{path}: {bad}")
+    print(f"{path}: the PodMonitor scrapes namespace {ns} only")
+
+
+NGINX_METRICS_ENV = "RELATED_IMAGE_NGINX_METRICS"
+
+
+def nginx_metrics_image(want, *paths):
+    # The operator's Deployment (or the CSV's): env RELATED_IMAGE_NGINX_METRICS of container
+    # `operator` is the container's own image (same), absent (none), or `want`.
+    checked = 0
+    for path in paths:
+        for o in docs(path):
+            for name, spec in pod_specs(o):
+                for c in spec["containers"]:
+                    if c.get("args", [])[:1] != ["run"]:
+                        continue
+                    checked += 1
+                    values = [e.get("value") for e in c.get("env", []) if e["name"] == NGINX_METRICS_ENV]
+                    expected = {"same": [c["image"]], "none": []}.get(want, [want])
+                    if values != expected:
+                        sys.exit(f"{path}: {name}: {NGINX_METRICS_ENV} is {values}, want {expected} "
+                                 f"(the operator's image is {c['image']})")
+    if not checked:
+        sys.exit(f"{' '.join(paths)}: no operator container found")
+    print(f"{NGINX_METRICS_ENV}: {want} ({checked} operator containers)")
 
 
 BUNDLE = "bundle/manifests"
@@ -324,7 +398,8 @@ def main():
      "crd-for-objects": crd_for_objects, "all-in-namespace": all_in_namespace,
      "same-crds": same_crds, "pod-ids": pod_ids, "no-kind": no_kind,
      "catalog-properties": catalog_properties,
-     "kube-prometheus-stack": kube_prometheus_stack}[cmd](*args)
+     "kube-prometheus-stack": kube_prometheus_stack, "pod-monitor-namespace": pod_monitor_namespace,
+     "nginx-metrics-image": nginx_metrics_image}[cmd](*args)
 
 
 if __name__ == "__main__":

@@ -43,6 +43,36 @@ for k in kustomize/base kustomize/overlays/single-namespace kustomize/overlays/m
   kubernetes-validate --strict --quiet --no-warn -k 1.29.0 "$out"
   echo "ok $k ($(grep -c '^kind:' "$out") objects)"
 done
+# The nginx pods' metrics sidecar runs the operator's image (base/kustomization.yaml replacements).
+"$py" scripts/artifact_checks.py nginx-metrics-image same "$work"/kustomize-*.yaml
+"$py" scripts/artifact_checks.py nginx-metrics-image ghcr.io/anevia/cdn-operator:0.1.0 "$work/kustomize-kustomize-base.yaml"
+# What `kustomize edit set image cdn-operator=IMAGE` writes into kustomize/base (no standalone
+# kustomize here: the same `images:` entry, written by hand into a copy): the env follows.
+cp -r kustomize "$work/edited"
+"$py" - "$work/edited/base/kustomization.yaml" <<'EOF_PY'
+import sys, yaml
+path = sys.argv[1]
+k = yaml.safe_load(open(path))
+k["images"] = [{"name": "cdn-operator", "newName": "registry.example.com/mirror/cdn-operator", "newTag": "9.9.9"}]
+yaml.safe_dump(k, open(path, "w"), sort_keys=False)
+EOF_PY
+kubectl kustomize "$work/edited/base" >"$work/edited.yaml"
+"$py" scripts/artifact_checks.py nginx-metrics-image registry.example.com/mirror/cdn-operator:9.9.9 "$work/edited.yaml"
+# A user's overlay that sets the image with its own `images:` repeats the replacement
+# (docs/install.md, CDN metrics); the snippet is the one documented there.
+mkdir -p "$work/overlay-mirror"
+cat >"$work/overlay-mirror/kustomization.yaml" <<EOF_K
+apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+resources:
+  - $(realpath --relative-to="$work/overlay-mirror" kustomize/base)
+images:
+  - name: ghcr.io/anevia/cdn-operator
+    newName: registry.example.com/mirror/cdn-operator
+$(sed -n '/^replacements:/,/^```/p' docs/install.md | sed '$d')
+EOF_K
+kubectl kustomize "$work/overlay-mirror" >"$work/mirror.yaml"
+"$py" scripts/artifact_checks.py nginx-metrics-image registry.example.com/mirror/cdn-operator:0.1.0 "$work/mirror.yaml"
 "$py" scripts/artifact_checks.py no-cluster-rbac "$work/kustomize-kustomize-overlays-single-namespace.yaml"
 # The single-namespace overlay installs into the user's namespace: it must not own (label, delete) it.
 "$py" scripts/artifact_checks.py no-kind Namespace "$work/kustomize-kustomize-overlays-single-namespace.yaml"
@@ -88,6 +118,25 @@ kubernetes-validate --strict --quiet "$work/kustomize-network-policy.yaml"
 kubernetes-validate --strict --quiet --no-warn -k 1.29.0 "$work/kustomize-network-policy.yaml"
 grep -q '^kind: NetworkPolicy' "$work/kustomize-network-policy.yaml"
 echo "ok kustomize/components/network-policy"
+# Monitoring in single-namespace mode: components/prometheus, then components/single-namespace,
+# in a user's namespace. The PodMonitor scrapes that namespace only.
+mkdir -p "$work/overlay-sn-monitoring"
+cat >"$work/overlay-sn-monitoring/kustomization.yaml" <<EOF_K
+apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+namespace: team-b
+resources:
+  - $(realpath --relative-to="$work/overlay-sn-monitoring" kustomize/base)
+components:
+  - $(realpath --relative-to="$work/overlay-sn-monitoring" kustomize/components/prometheus)
+  - $(realpath --relative-to="$work/overlay-sn-monitoring" kustomize/components/single-namespace)
+EOF_K
+kubectl kustomize "$work/overlay-sn-monitoring" >"$work/kustomize-single-namespace-monitoring.yaml"
+kubernetes-validate --strict --quiet "$work/kustomize-single-namespace-monitoring.yaml"
+kubernetes-validate --strict --quiet --no-warn -k 1.29.0 "$work/kustomize-single-namespace-monitoring.yaml"
+"$py" scripts/artifact_checks.py pod-monitor-namespace team-b "$work/kustomize-single-namespace-monitoring.yaml"
+"$py" scripts/artifact_checks.py no-cluster-rbac "$work/kustomize-single-namespace-monitoring.yaml"
+echo "ok kustomize/components/prometheus with single-namespace"
 
 step "helm lint and template, kubernetes-validate --strict (Kubernetes 1.37 and 1.29)"
 chart=helm/cdn-operator
@@ -132,6 +181,23 @@ refused() { # MESSAGE HELM-ARGS...: helm lint and helm template both fail, sayin
 refused 'leaderElection.enabled does not match: true' --set replicaCount=2 --set leaderElection.enabled=false
 refused 'serviceAccount.name: String length must be greater than or equal to 1' --set serviceAccount.create=false
 refused 'managedPods.runAsUser: Must be greater than or equal to 1' --set managedPods.runAsUser=0
+refused 'cdnMetrics.podMonitor.enabled does not match: false' --set cdnMetrics.enabled=false --set cdnMetrics.podMonitor.enabled=true
+# RELATED_IMAGE_NGINX_METRICS: the operator's image (tag or digest), a pinned one, or none.
+"$py" scripts/artifact_checks.py nginx-metrics-image same "$work/helm-default.yaml" "$work/helm-single-replica.yaml" \
+  "$work/helm-single-namespace.yaml" bundle/manifests/cdn-operator.clusterserviceversion.yaml
+"$py" scripts/artifact_checks.py nginx-metrics-image ghcr.io/anevia/cdn-operator:0.1.0 "$work/helm-default.yaml"
+helm template cdn-operator "$chart" --set image.digest=sha256:"$(printf '%064d' 7)" >"$work/helm-digest.yaml"
+"$py" scripts/artifact_checks.py nginx-metrics-image same "$work/helm-digest.yaml"
+"$py" scripts/artifact_checks.py nginx-metrics-image registry.example.com/mirror/cdn-operator:0.1.0 "$work/helm-all-features.yaml"
+helm template cdn-operator "$chart" --set cdnMetrics.enabled=false >"$work/helm-no-cdn-metrics.yaml"
+"$py" scripts/artifact_checks.py nginx-metrics-image none "$work/helm-no-cdn-metrics.yaml"
+"$py" scripts/artifact_checks.py no-kind PodMonitor "$work/helm-default.yaml"
+# The PodMonitor in single-namespace mode scrapes the managed namespace only.
+"$py" scripts/artifact_checks.py pod-monitor-namespace cdn-apps "$work/helm-all-features.yaml"
+helm template cdn-operator "$chart" --namespace cdn-operator --set singleNamespace.enabled=true \
+  --set cdnMetrics.podMonitor.enabled=true >"$work/helm-single-namespace-monitoring.yaml"
+kubernetes-validate --strict --quiet "$work/helm-single-namespace-monitoring.yaml"
+"$py" scripts/artifact_checks.py pod-monitor-namespace cdn-operator "$work/helm-single-namespace-monitoring.yaml"
 # No fixed UID by default; pinned when asked (tests/helm/values-all-features.yaml); the
 # `helm test` pod is rendered (and validated above).
 "$py" scripts/artifact_checks.py pod-ids none "$work/helm-default.yaml" "$work/helm-single-replica.yaml" \
@@ -145,7 +211,7 @@ grep -q 'helm.sh/hook: test' "$work/helm-default.yaml" || { echo "no helm test p
 # Monitoring on with default labels: kustomize overlay, Helm, the Argo CD Application's values.
 "$py" scripts/artifact_checks.py kube-prometheus-stack "$work/kustomize-kustomize-overlays-monitoring.yaml"
 helm template cdn-operator "$chart" --namespace cdn-operator --set metrics.serviceMonitor.enabled=true \
-  --set prometheusRule.enabled=true >"$work/helm-monitoring.yaml"
+  --set prometheusRule.enabled=true --set cdnMetrics.podMonitor.enabled=true >"$work/helm-monitoring.yaml"
 "$py" scripts/artifact_checks.py kube-prometheus-stack "$work/helm-monitoring.yaml"
 "$py" -c 'import sys, yaml; print(yaml.safe_dump(yaml.safe_load(open(sys.argv[1]))["spec"]["source"]["helm"]["valuesObject"]))' \
   argocd/application-helm.yaml >"$work/argocd-values.yaml"

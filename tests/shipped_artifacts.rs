@@ -2,7 +2,8 @@
 //! with each other: CRD copies, RBAC, the operator Deployment, the OLM catalog, and the metrics the
 //! dashboard and the alerts query. The real validators run in scripts/check-artifacts.sh.
 
-use cdn_operator::api::{crds, crds_yaml, Phase, State};
+use cdn_operator::api::{crds, crds_yaml, CdnCluster, CdnClusterSpec, Phase, Role, State};
+use cdn_operator::cdncluster::build;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
@@ -417,7 +418,14 @@ fn csv_deployment_is_the_kustomize_deployment_with_olm_namespaces() {
         .pointer_mut("/template/spec/containers/0")
         .expect("container");
     container["image"] = json!(image);
-    container["env"].as_array_mut().expect("env").push(json!({
+    // What kustomize/base's replacement does: the metrics sidecar's image is the operator's.
+    let env = container["env"].as_array_mut().expect("env");
+    let sidecar = env
+        .iter_mut()
+        .find(|e| e["name"] == NGINX_METRICS_ENV)
+        .expect("RELATED_IMAGE_NGINX_METRICS");
+    sidecar["value"] = json!(image);
+    env.push(json!({
         "name": "WATCH_NAMESPACE",
         "valueFrom": {"fieldRef": {"fieldPath": "metadata.annotations['olm.targetNamespaces']"}}
     }));
@@ -438,6 +446,147 @@ fn csv_deployment_is_the_kustomize_deployment_with_olm_namespaces() {
     assert!(
         related.contains(&cdn_operator::cdncluster::build::DEFAULT_IMAGE),
         "relatedImages lacks the default nginx image"
+    );
+    // The metrics sidecar's image, by the name OLM's convention derives from the env.
+    assert!(
+        csv["spec"]["relatedImages"]
+            .as_array()
+            .unwrap()
+            .contains(&json!({"name": "nginx-metrics", "image": image})),
+        "relatedImages lacks nginx-metrics"
+    );
+}
+
+// ----- the nginx pods' metrics sidecar (docs/cdn-metrics.txt) ---------------------------------
+
+/// The operator's env naming the image of the nginx pods' `metrics` sidecar (--nginx-metrics-image).
+const NGINX_METRICS_ENV: &str = "RELATED_IMAGE_NGINX_METRICS";
+
+/// The `value` of env `name` of the first container of a pod spec (None: no such env).
+fn env_value<'a>(pod_spec: &'a Value, name: &str) -> Option<&'a Value> {
+    pod_spec["containers"][0]["env"]
+        .as_array()
+        .expect("env")
+        .iter()
+        .find(|e| e["name"] == name)
+        .map(|e| &e["value"])
+}
+
+#[test]
+fn every_install_path_runs_the_metrics_sidecar_from_the_operator_image() {
+    // kustomize: the env, and a replacement copying the operator container's image into it
+    // (after `images:`, so `kustomize edit set image` moves both; scripts/check-artifacts.sh
+    // builds it).
+    let deployment = yaml("kustomize/base/deployment.yaml");
+    let pod = &deployment["spec"]["template"]["spec"];
+    assert_eq!(pod["containers"][0]["name"], "operator");
+    assert!(
+        env_value(pod, NGINX_METRICS_ENV).is_some(),
+        "no {NGINX_METRICS_ENV}"
+    );
+    let kustomization = yaml("kustomize/base/kustomization.yaml");
+    let replacement = json!({
+        "source": {
+            "kind": "Deployment",
+            "name": "cdn-operator",
+            "fieldPath": "spec.template.spec.containers.[name=operator].image"
+        },
+        "targets": [{
+            "select": {"kind": "Deployment", "name": "cdn-operator"},
+            "fieldPaths": [format!(
+                "spec.template.spec.containers.[name=operator].env.[name={NGINX_METRICS_ENV}].value"
+            )]
+        }]
+    });
+    assert_eq!(kustomization["replacements"], json!([replacement]));
+    // docs/install.md gives the same entry for overlays that set the image themselves.
+    let docs = read("docs/install.md");
+    let snippet = docs
+        .split("```yaml\n")
+        .find_map(|block| block.strip_prefix("replacements:\n"))
+        .and_then(|block| block.split("```").next())
+        .expect("docs/install.md: the replacements snippet");
+    let documented: Value =
+        serde_yaml::from_str(&format!("replacements:\n{snippet}")).expect("snippet");
+    assert_eq!(documented["replacements"], json!([replacement]));
+    // OLM: the CSV's env is the operator's image (csv_deployment_is_the_kustomize_deployment_…
+    // checks relatedImages).
+    let csv = csv();
+    let pod = &csv["spec"]["install"]["spec"]["deployments"][0]["spec"]["template"]["spec"];
+    assert_eq!(
+        env_value(pod, NGINX_METRICS_ENV),
+        Some(&pod["containers"][0]["image"])
+    );
+    // Helm: on by default, following the operator's image (rendered and checked in
+    // scripts/check-artifacts.sh).
+    let values = yaml("helm/cdn-operator/values.yaml");
+    assert_eq!(values["cdnMetrics"]["enabled"], true);
+    assert_eq!(values["cdnMetrics"]["image"], "");
+}
+
+#[test]
+fn the_pod_monitor_scrapes_the_metrics_port_of_every_nginx_pod() {
+    let monitor = yaml("kustomize/components/prometheus/pod_monitor.yaml");
+    assert_eq!(monitor["apiVersion"], "monitoring.coreos.com/v1");
+    assert_eq!(monitor["kind"], "PodMonitor");
+    // It selects the pods of every CdnCluster, whatever its role or name, by labels the operator
+    // sets on each.
+    let selector = monitor["spec"]["selector"]["matchLabels"]
+        .as_object()
+        .expect("matchLabels");
+    assert_eq!(
+        selector.keys().map(String::as_str).collect::<BTreeSet<_>>(),
+        BTreeSet::from(["app.kubernetes.io/managed-by", "app.kubernetes.io/name"])
+    );
+    for role in [Role::Balancer, Role::Cache] {
+        let cluster = CdnCluster::new("edge", CdnClusterSpec::new(role, vec![]));
+        let labels = build::labels(&cluster);
+        for (key, value) in selector {
+            assert_eq!(labels.get(key).map(String::as_str), value.as_str(), "{key}");
+        }
+    }
+    // The sidecar's port and path (docs/cdn-metrics.txt); job="cdncluster".
+    assert_eq!(
+        monitor["spec"]["podMetricsEndpoints"],
+        json!([{"port": "metrics", "path": "/metrics", "interval": "30s"}])
+    );
+    assert_eq!(monitor["spec"]["jobLabel"], "app.kubernetes.io/name");
+    assert_eq!(monitor["spec"]["namespaceSelector"], json!({"any": true}));
+    // kube-prometheus-stack selects it as it selects the operator's ServiceMonitor.
+    let service_monitor = yaml("kustomize/components/prometheus/service_monitor.yaml");
+    assert_eq!(
+        monitor["metadata"]["labels"],
+        service_monitor["metadata"]["labels"]
+    );
+    let component = yaml("kustomize/components/prometheus/kustomization.yaml");
+    assert!(component["resources"]
+        .as_array()
+        .expect("resources")
+        .contains(&json!("pod_monitor.yaml")));
+    // Single-namespace mode narrows it to the install's own namespace (checked built in
+    // scripts/check-artifacts.sh).
+    let single = yaml("kustomize/components/single-namespace/kustomization.yaml");
+    assert!(single["patches"]
+        .as_array()
+        .expect("patches")
+        .iter()
+        .any(|p| p["target"]
+            == json!({"kind": "PodMonitor", "name": str_at(&monitor, "/metadata/name")})));
+    // OLM does not install a PodMonitor from a bundle (bundle_holds_what_olm_installs refuses
+    // one there): docs/install.md gives this one to apply by hand.
+    assert!(!OLM_BUNDLE_KINDS.contains(&"PodMonitor"));
+    let docs = read("docs/install.md");
+    let documented = docs
+        .split("```yaml\n")
+        .filter_map(|block| block.split("```").next())
+        .find(|block| block.contains("kind: PodMonitor"))
+        .expect("docs/install.md: the PodMonitor for OLM installs");
+    let documented: Value = serde_yaml::from_str(documented).expect("documented PodMonitor");
+    assert_eq!(documented["spec"], monitor["spec"]);
+    assert_eq!(documented["metadata"]["name"], monitor["metadata"]["name"]);
+    assert_eq!(
+        documented["metadata"]["labels"],
+        monitor["metadata"]["labels"]
     );
 }
 
@@ -561,7 +710,9 @@ fn csv_owns_the_crds_with_descriptors_that_exist() {
 }
 
 /// The kinds OLM installs from a registry+v1 bundle (operator-registry's
-/// pkg/lib/bundle/supported_resources.go).
+/// pkg/lib/bundle/supported_resources.go). Not PodMonitor: operator-registry accepts it since
+/// September 2025, but OLM's catalog operator (operator-lifecycle-manager's
+/// pkg/controller/operators/catalog/supportedresources.go) does not, and fails the InstallPlan.
 const OLM_BUNDLE_KINDS: [&str; 16] = [
     "ClusterServiceVersion",
     "CustomResourceDefinition",

@@ -83,11 +83,14 @@ and At. To remove those too: kubectl delete crd cdnclusters.cluster.anevia.com a
 The CRDs are deleted on `helm uninstall`, and with them every CdnCluster and At of the cluster.
 {{- end }}
 {{- end }}
-{{- if or .Values.metrics.serviceMonitor.enabled .Values.prometheusRule.enabled .Values.dashboards.enabled }}
+{{- if or .Values.metrics.serviceMonitor.enabled .Values.cdnMetrics.podMonitor.enabled .Values.prometheusRule.enabled .Values.dashboards.enabled }}
 
 Monitoring:
 {{- if .Values.metrics.serviceMonitor.enabled }}
   - ServiceMonitor {{ include "cdn-operator.fullname" . }} (job="cdn-operator")
+{{- end }}
+{{- if .Values.cdnMetrics.podMonitor.enabled }}
+  - PodMonitor {{ include "cdn-operator.fullname" . }}-cdnclusters (job="cdncluster"): the nginx pods' metrics sidecars
 {{- end }}
 {{- if .Values.prometheusRule.enabled }}
   - PrometheusRule {{ include "cdn-operator.fullname" . }}; runbooks: https://github.com/anevia/cdn-operator/blob/main/docs/runbooks.md
