@@ -550,6 +550,28 @@ fn the_pod_monitor_scrapes_the_metrics_port_of_every_nginx_pod() {
         monitor["spec"]["podMetricsEndpoints"],
         json!([{"port": "metrics", "path": "/metrics", "interval": "30s"}])
     );
+    // ... which every pod the operator builds serves: its sidecar's port of that name.
+    let sidecar = build::MetricsSidecar {
+        image: Some("cdn-operator".into()),
+    };
+    for role in [Role::Balancer, Role::Cache] {
+        let cluster = CdnCluster::new("edge", CdnClusterSpec::new(role, vec![]));
+        let pod = build::children(&cluster, &[], &Default::default(), &sidecar)
+            .deployment
+            .spec
+            .unwrap()
+            .template
+            .spec
+            .unwrap();
+        let ports: Vec<_> = pod.init_containers.unwrap()[0]
+            .ports
+            .clone()
+            .unwrap()
+            .into_iter()
+            .map(|p| (p.name.unwrap(), p.container_port))
+            .collect();
+        assert_eq!(ports, [("metrics".to_string(), 9113)]);
+    }
     assert_eq!(monitor["spec"]["jobLabel"], "app.kubernetes.io/name");
     assert_eq!(monitor["spec"]["namespaceSelector"], json!({"any": true}));
     // kube-prometheus-stack selects it as it selects the operator's ServiceMonitor.
