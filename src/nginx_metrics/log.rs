@@ -48,6 +48,11 @@ impl CacheStatus {
         }
     }
 
+    /// Its place in [`CacheStatus::ALL`].
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             CacheStatus::Hit => "HIT",
@@ -74,6 +79,17 @@ pub enum UpstreamError {
 }
 
 impl UpstreamError {
+    pub const ALL: [UpstreamError; 3] = [
+        UpstreamError::Error,
+        UpstreamError::Timeout,
+        UpstreamError::Http5xx,
+    ];
+
+    /// Its place in [`UpstreamError::ALL`].
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             UpstreamError::Error => "error",
@@ -99,69 +115,111 @@ pub struct Line<'a> {
     pub status: u16,
     pub cache_status: CacheStatus,
     pub bytes_sent: u64,
-    /// `cdncluster`, `origin`, `mixed`, or `none` when nginx answered itself.
-    pub source_kind: &'a str,
-    /// The pool's sources' names, `+`-joined; `none` when nginx answered itself.
+    /// `$cdn_source` whole: the kind, a space, the pool's sources' names.
     pub source: &'a str,
-    pub attempts: Vec<Attempt>,
+    /// The upstream variables, one value per attempt each: status, header time, response time,
+    /// bytes received.
+    upstream: [&'a str; 4],
 }
 
 /// The kinds of source a location names (`$cdn_source`).
 pub const SOURCE_KINDS: [&str; 4] = ["cdncluster", "origin", "mixed", "none"];
 
-/// Reads a line (without its end); `None` when it is not a line of [`FORMAT`].
+/// `$cdn_source` read: its kind (`cdncluster`, `origin`, `mixed`, or `none` when nginx answered
+/// itself) and its pool's sources' names, `+`-joined (`none` when nginx answered itself).
+pub fn source(field: &str) -> Option<(&str, &str)> {
+    field
+        .split_once(' ')
+        .filter(|(kind, _)| SOURCE_KINDS.contains(kind))
+}
+
+/// Reads a line (without its end); `None` when it is not a line of [`FORMAT`]. Its source is
+/// read by [`source`], once per pool rather than once per line.
 pub fn parse(line: &[u8]) -> Option<Line<'_>> {
     let text = std::str::from_utf8(line).ok()?;
     let mut fields = text.split('\t');
     let mut next = || fields.next();
     let request_length = next()?;
-    let status: u16 = next()?.parse().ok()?;
+    let status = number(next()?)?;
     let cache_status = CacheStatus::parse(next()?);
-    let bytes_sent = next()?.parse().ok()?;
-    let (statuses, header_times, response_times, received) = (next()?, next()?, next()?, next()?);
-    let (source_kind, source) = next()?.split_once(' ')?;
-    if next().is_some() || !(100..600).contains(&status) || !SOURCE_KINDS.contains(&source_kind) {
+    let bytes_sent = number(next()?)?;
+    let upstream = [next()?, next()?, next()?, next()?];
+    let source = next()?;
+    if next().is_some() || !(100..600).contains(&status) {
         return None;
     }
     Some(Line {
         main: request_length != "0",
-        status,
+        status: u16::try_from(status).ok()?,
         cache_status,
         bytes_sent,
-        source_kind,
         source,
-        attempts: attempts(statuses, header_times, response_times, received)?,
+        upstream,
     })
 }
 
-/// The values of an upstream variable, one per attempt: `-` (none) or a list.
+impl<'a> Line<'a> {
+    /// The attempts at the pool's members, in order; none when no source was asked. A value
+    /// missing from a list (nginx writes one per attempt in each) reads as `-`.
+    pub fn attempts(&self) -> impl Iterator<Item = Attempt> + 'a {
+        let [statuses, headers, times, received] = self.upstream;
+        let asked = statuses != "-";
+        let (mut headers, mut times, mut received) =
+            (values(headers), values(times), values(received));
+        values(statuses).filter(move |_| asked).map(move |status| {
+            let (header, time, bytes) = (
+                headers.next().unwrap_or("-"),
+                times.next().unwrap_or("-"),
+                received.next().unwrap_or("-"),
+            );
+            let answered = header != "-";
+            let error = match number(status) {
+                Some(502) if !answered => Some(UpstreamError::Error),
+                Some(504) if !answered => Some(UpstreamError::Timeout),
+                Some(500..=599) => Some(UpstreamError::Http5xx),
+                _ => None,
+            };
+            Attempt {
+                seconds: seconds(time),
+                bytes_received: number(bytes).unwrap_or(0),
+                error,
+            }
+        })
+    }
+}
+
+/// The values of an upstream variable, one per attempt: `-` (none) or a list separated by `, `
+/// (and ` : ` after an internal redirect).
 fn values(list: &str) -> impl Iterator<Item = &str> {
     list.split([',', ':']).map(str::trim)
 }
 
-fn attempts(statuses: &str, headers: &str, times: &str, received: &str) -> Option<Vec<Attempt>> {
-    if statuses == "-" {
-        return Some(Vec::new());
+/// A decimal number as nginx writes one.
+fn number(text: &str) -> Option<u64> {
+    if text.is_empty() {
+        return None;
     }
-    let (mut headers, mut times, mut received) = (values(headers), values(times), values(received));
-    let mut attempts = Vec::new();
-    for status in values(statuses) {
-        let (header, time, bytes) = (headers.next()?, times.next()?, received.next()?);
-        let status: u16 = status.parse().ok()?;
-        let answered = header != "-";
-        let error = match status {
-            502 if !answered => Some(UpstreamError::Error),
-            504 if !answered => Some(UpstreamError::Timeout),
-            500..=599 => Some(UpstreamError::Http5xx),
-            _ => None,
-        };
-        attempts.push(Attempt {
-            seconds: time.parse().unwrap_or(0.0),
-            bytes_received: bytes.parse().unwrap_or(0),
-            error,
-        });
+    text.bytes().try_fold(0u64, |n, b| {
+        b.is_ascii_digit()
+            .then(|| n.checked_mul(10)?.checked_add(u64::from(b - b'0')))
+            .flatten()
+    })
+}
+
+/// nginx's seconds with milliseconds (`0.004`), read without a float parser: the digits as one
+/// integer, divided once, so the value is the parser's; 0 for `-`.
+fn seconds(text: &str) -> f64 {
+    let (whole, fraction) = text.split_once('.').unwrap_or((text, ""));
+    match (
+        number(whole),
+        number(fraction).or(fraction.is_empty().then_some(0)),
+    ) {
+        (Some(whole_part), Some(fraction_part)) if fraction.len() <= 6 => {
+            let scale = 10u64.pow(fraction.len() as u32);
+            (whole_part.saturating_mul(scale) + fraction_part) as f64 / scale as f64
+        }
+        _ => 0.0,
     }
-    Some(attempts)
 }
 
 #[cfg(test)]
@@ -176,18 +234,12 @@ mod tests {
     fn a_client_request_served_from_the_cache() {
         let text = line("84\t200\tHIT\t3500260\t-\t-\t-\t-\torigin origin-a");
         let parsed = parse(text.as_bytes()).unwrap();
-        assert_eq!(
-            parsed,
-            Line {
-                main: true,
-                status: 200,
-                cache_status: CacheStatus::Hit,
-                bytes_sent: 3_500_260,
-                source_kind: "origin",
-                source: "origin-a",
-                attempts: vec![],
-            }
-        );
+        assert!(parsed.main);
+        assert_eq!(parsed.status, 200);
+        assert_eq!(parsed.cache_status, CacheStatus::Hit);
+        assert_eq!(parsed.bytes_sent, 3_500_260);
+        assert_eq!(source(parsed.source), Some(("origin", "origin-a")));
+        assert_eq!(parsed.attempts().count(), 0);
     }
 
     #[test]
@@ -196,10 +248,13 @@ mod tests {
             line("0\t200\tMISS\t2097412\t206\t0.002\t0.003\t1048873\tcdncluster cache-a+cache-b");
         let parsed = parse(text.as_bytes()).unwrap();
         assert!(!parsed.main);
-        assert_eq!(parsed.source, "cache-a+cache-b");
         assert_eq!(
-            parsed.attempts,
-            vec![Attempt {
+            source(parsed.source),
+            Some(("cdncluster", "cache-a+cache-b"))
+        );
+        assert_eq!(
+            parsed.attempts().collect::<Vec<_>>(),
+            [Attempt {
                 seconds: 0.003,
                 bytes_received: 1_048_873,
                 error: None
@@ -213,7 +268,8 @@ mod tests {
             "82\t200\tMISS\t500\t502, 504, 503 : 200\t-, -, 0.010 : 0.020\t0.000, 8.001, 0.011 : 0.021\t0, 0, 120 : 900\torigin a+b+c",
         );
         let parsed = parse(text.as_bytes()).unwrap();
-        let errors: Vec<_> = parsed.attempts.iter().map(|a| a.error).collect();
+        let attempts: Vec<_> = parsed.attempts().collect();
+        let errors: Vec<_> = attempts.iter().map(|a| a.error).collect();
         assert_eq!(
             errors,
             [
@@ -223,12 +279,15 @@ mod tests {
                 None
             ]
         );
-        assert_eq!(parsed.attempts[1].seconds, 8.001);
-        assert_eq!(parsed.attempts[3].bytes_received, 900);
+        assert_eq!(attempts[1].seconds, 8.001);
+        assert_eq!(attempts[3].bytes_received, 900);
         // A 502 the source sent itself (a tier relaying its origin's) is an answer.
         let relayed = line("82\t502\tNONE\t300\t502\t0.004\t0.004\t300\tcdncluster cache");
         let relayed = parse(relayed.as_bytes()).unwrap();
-        assert_eq!(relayed.attempts[0].error, Some(UpstreamError::Http5xx));
+        assert_eq!(
+            relayed.attempts().next().unwrap().error,
+            Some(UpstreamError::Http5xx)
+        );
     }
 
     #[test]
@@ -236,7 +295,20 @@ mod tests {
         let text = line("82\t404\t-\t153\t-\t-\t-\t-\tnone none");
         let parsed = parse(text.as_bytes()).unwrap();
         assert_eq!(parsed.cache_status, CacheStatus::None);
-        assert_eq!((parsed.source_kind, parsed.source), ("none", "none"));
+        assert_eq!(source(parsed.source), Some(("none", "none")));
+    }
+
+    #[test]
+    fn seconds_are_read_as_nginx_writes_them() {
+        for (text, value) in [
+            ("0.004", 0.004),
+            ("12.5", 12.5),
+            ("3", 3.0),
+            ("-", 0.0),
+            ("x.1", 0.0),
+        ] {
+            assert_eq!(seconds(text), value, "{text}");
+        }
     }
 
     #[test]
@@ -247,10 +319,10 @@ mod tests {
             line("84\t200\tHIT\t10\t-\t-\t-\t-\torigin a\textra"),
             line("84\t999\tHIT\t10\t-\t-\t-\t-\torigin a"),
             line("84\t200\tHIT\tmany\t-\t-\t-\t-\torigin a"),
-            line("84\t200\tHIT\t10\t-\t-\t-\t-\tplanet a"),
-            line("84\t200\tMISS\t10\t200, 200\t0.1\t0.1\t5\torigin a"),
         ] {
             assert_eq!(parse(bad.as_bytes()), None, "{bad}");
         }
+        assert_eq!(source("planet a"), None);
+        assert_eq!(source("origin"), None);
     }
 }

@@ -9,7 +9,6 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Registry, Unit};
-use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
 
 /// Seconds of an attempt at a source: a hit of a tier in under a few ms, a miss fetched from a
@@ -271,21 +270,24 @@ impl StubStatus {
     }
 }
 
-/// The series of one pool, resolved once: the handles a line adds to, by small keys, so a line
-/// costs a few map lookups and no allocation.
+/// The series of one pool, resolved once: the handles a line adds to, indexed by status class,
+/// cache status and error kind, so a line costs no lookup and no allocation.
 struct Source {
-    requests: HashMap<(u8, CacheStatus), Counter>,
-    sent: HashMap<CacheStatus, Counter>,
-    received: HashMap<CacheStatus, Counter>,
+    requests: [[Option<Counter>; CACHE_STATUSES]; 5],
+    sent: [Option<Counter>; CACHE_STATUSES],
+    received: [Option<Counter>; CACHE_STATUSES],
     seconds: Histogram,
-    errors: HashMap<UpstreamError, Counter>,
+    errors: [Option<Counter>; UpstreamError::ALL.len()],
     labels: SourceLabels,
 }
+
+const CACHE_STATUSES: usize = CacheStatus::ALL.len();
 
 /// Adds the log lines to the series. Owned by the one thread that receives them.
 pub struct Tally<'a> {
     series: &'a Series,
-    sources: Vec<(String, String, Source)>,
+    /// The pools seen, by their whole `$cdn_source`.
+    sources: Vec<(String, Source)>,
     counted: Counter,
     unreadable: Counter,
 }
@@ -303,32 +305,30 @@ impl<'a> Tally<'a> {
 
     /// Adds a line of the metrics log (without its end).
     pub fn add(&mut self, line: &[u8]) {
-        match super::log::parse(line) {
-            Some(line) => {
-                self.add_line(&line);
-                self.counted.inc();
-            }
-            None => {
-                self.unreadable.inc();
-            }
+        let counted = super::log::parse(line).is_some_and(|line| self.add_line(&line));
+        if counted {
+            self.counted.inc();
+        } else {
+            self.unreadable.inc();
         }
     }
 
-    fn add_line(&mut self, line: &Line) {
+    /// Adds a line; `false` when its source is none of the kinds nginx writes.
+    fn add_line(&mut self, line: &Line) -> bool {
         let series = self.series;
-        let source = self.source(line.source_kind, line.source);
+        let Some(source) = self.source(line.source) else {
+            return false;
+        };
         if line.main {
-            let class = (line.status / 100) as u8;
-            source
-                .requests
-                .entry((class, line.cache_status))
-                .or_insert_with(|| {
+            let class = usize::from(line.status / 100 - 1);
+            source.requests[class][line.cache_status.index()]
+                .get_or_insert_with(|| {
                     series
                         .requests
                         .get_or_create(&RequestLabels {
                             source: source.labels.source.clone(),
                             source_kind: source.labels.source_kind.clone(),
-                            status_class: STATUS_CLASSES[usize::from(class - 1)],
+                            status_class: STATUS_CLASSES[class],
                             cache_status: line.cache_status.as_str(),
                         })
                         .clone()
@@ -336,7 +336,7 @@ impl<'a> Tally<'a> {
                 .inc();
             bytes(&series.sent, source, line.cache_status, Direction::Sent).inc_by(line.bytes_sent);
         }
-        for attempt in &line.attempts {
+        for attempt in line.attempts() {
             source.seconds.observe(attempt.seconds);
             if attempt.bytes_received > 0 {
                 bytes(
@@ -348,10 +348,8 @@ impl<'a> Tally<'a> {
                 .inc_by(attempt.bytes_received);
             }
             if let Some(kind) = attempt.error {
-                source
-                    .errors
-                    .entry(kind)
-                    .or_insert_with(|| {
+                source.errors[kind.index()]
+                    .get_or_insert_with(|| {
                         series
                             .upstream_errors
                             .get_or_create(&ErrorLabels {
@@ -364,31 +362,35 @@ impl<'a> Tally<'a> {
                     .inc();
             }
         }
+        true
     }
 
-    /// The pool named `kind` `name`, resolved the first time it is seen.
-    fn source(&mut self, kind: &str, name: &str) -> &mut Source {
-        let found = self
-            .sources
-            .iter()
-            .position(|(k, n, _)| k == kind && n == name);
-        let index = match found {
+    /// The pool of `$cdn_source` `field`, resolved the first time it is seen; `None` when it
+    /// names none.
+    fn source(&mut self, field: &str) -> Option<&mut Source> {
+        let index = match self.sources.iter().position(|(f, _)| f == field) {
             Some(index) => index,
-            None if self.sources.len() < MAX_SOURCES => {
-                self.sources
-                    .push((kind.into(), name.into(), self.resolve(kind, name)));
-                self.sources.len() - 1
-            }
-            None => match self.sources.iter().position(|(_, n, _)| n == OTHER) {
-                Some(index) => index,
-                None => {
-                    let other = self.resolve(OTHER, OTHER);
-                    self.sources.push((OTHER.into(), OTHER.into(), other));
+            None => {
+                let (kind, name) = super::log::source(field)?;
+                if self.sources.len() < MAX_SOURCES {
+                    let source = self.resolve(kind, name);
+                    self.sources.push((field.into(), source));
                     self.sources.len() - 1
+                } else {
+                    // Past the bound, every new pool is one: `other`.
+                    let other = format!("{OTHER} {OTHER}");
+                    match self.sources.iter().position(|(f, _)| *f == other) {
+                        Some(index) => index,
+                        None => {
+                            let source = self.resolve(OTHER, OTHER);
+                            self.sources.push((other, source));
+                            self.sources.len() - 1
+                        }
+                    }
                 }
-            },
+            }
         };
-        &mut self.sources[index].2
+        Some(&mut self.sources[index].1)
     }
 
     fn resolve(&self, kind: &str, name: &str) -> Source {
@@ -397,11 +399,11 @@ impl<'a> Tally<'a> {
             source_kind: kind.into(),
         };
         Source {
-            requests: HashMap::new(),
-            sent: HashMap::new(),
-            received: HashMap::new(),
+            requests: Default::default(),
+            sent: Default::default(),
+            received: Default::default(),
             seconds: self.series.upstream_seconds.get_or_create(&labels).clone(),
-            errors: HashMap::new(),
+            errors: Default::default(),
             labels,
         }
     }
@@ -426,7 +428,7 @@ fn bytes<'s>(
         Direction::Sent => &mut source.sent,
         Direction::Received => &mut source.received,
     };
-    handles.entry(cache_status).or_insert_with(|| {
+    handles[cache_status.index()].get_or_insert_with(|| {
         family
             .get_or_create(&BytesLabels {
                 source: labels.source.clone(),

@@ -1169,10 +1169,11 @@ impl Cdn {
 
     /// Row 2m: what counting costs. The cached 1 KiB object through balancer -> cache, `wrk -t1
     /// -c50`, with every pod as rendered (no metrics), then as rendered with a metrics image (each
-    /// pod with its sidecar: nginx sends it a datagram per request), then with them again, then
-    /// without (ABBA, so that a drift of the machine's load weighs on both alike). The pods are
-    /// replaced at each switch, as a new pod template replaces them. The figure: requests/s with
-    /// metrics over without, and what the balancer's sidecar counted of wrk's requests.
+    /// pod with its sidecar, reading the line per request nginx writes), then with them again,
+    /// then without (ABBA, so that a drift of the machine's load weighs on both alike),
+    /// `--wrk-rounds` times. The pods are replaced at each switch, as a new pod template replaces
+    /// them. The figure: requests/s with metrics over without (all runs), and what the balancer's
+    /// sidecar counted of wrk's requests.
     fn row2m_metrics_cost(&mut self, setup: &Setup) -> Vec<Figure> {
         let not_measured = |why: String| {
             vec![figure(
@@ -1211,7 +1212,12 @@ impl Cdn {
         let mut errors = Vec::new();
         let mut runs: Vec<(bool, f64, u64)> = Vec::new();
         let mut edge_counted = None;
-        for metrics in [false, true, true, false] {
+        // A first run, not counted: the first run of a row is slower than those after it.
+        if let Err(e) = wrk(&format!("http://{EDGE}{path}"), 2) {
+            errors.push(format!("warm-up: {e}"));
+        }
+        let order = [false, true, true, false].repeat(setup.wrk_rounds as usize);
+        for (i, &metrics) in order.iter().enumerate() {
             let wanted = if metrics { &counted } else { &plain };
             if self.desired[PODS[0].0].deployment != wanted[PODS[0].0].deployment {
                 let done = self.apply(setup, wanted.clone());
@@ -1241,10 +1247,12 @@ impl Cdn {
                 }
                 Err(e) => errors.push(format!("metrics {metrics}: {e}")),
             }
-            if metrics {
-                // What the balancer's sidecar counted so far, read once its last lines are in.
-                std::thread::sleep(Duration::from_millis(500));
-                edge_counted = Client::once(
+            // At the end of pods with metrics (replaced next, counts and all): what the
+            // balancer's sidecar counted, read once nginx's last lines are in (its buffer is
+            // written every second, read every 200 ms).
+            if metrics && order.get(i + 1) != Some(&true) {
+                std::thread::sleep(Duration::from_millis(1500));
+                let counted = Client::once(
                     &format!("{}:{METRICS_PORT}", PODS[0].1),
                     "GET",
                     "/metrics",
@@ -1258,6 +1266,11 @@ impl Cdn {
                         metric_sum(&text, "cdn_log_lines_total", r#"result="unreadable""#),
                     )
                 });
+                edge_counted = match (edge_counted, counted) {
+                    (Some((c, u)), Some((more, more_u))) => Some((c + more, u + more_u)),
+                    (None, counted) if i < 3 => counted,
+                    _ => None,
+                };
             }
         }
         // Back as rendered, for the rows after this one.
@@ -1272,13 +1285,14 @@ impl Cdn {
                 })
         };
         let ((on_rps, on_requests, on_runs), (off_rps, _, off_runs)) = (total(true), total(false));
-        let measured = on_runs == 2 && off_runs == 2 && off_rps > 0.0;
+        let rounds = 2 * setup.wrk_rounds as usize;
+        let measured = on_runs == rounds && off_runs == rounds && off_rps > 0.0;
         let ratio = measured.then(|| on_rps / off_rps);
         let shown = match ratio {
             Some(r) => format!(
                 "{r:.2} ({:.0} / {:.0}), balancer counted {} of {} requests, {} unreadable{}",
-                on_rps / 2.0,
-                off_rps / 2.0,
+                on_rps / rounds as f64,
+                off_rps / rounds as f64,
                 edge_counted.map_or("?".into(), |(c, _)| format!("{c:.0}")),
                 on_requests,
                 edge_counted.map_or("?".into(), |(_, d)| format!("{d:.0}")),
