@@ -45,12 +45,11 @@
 //!    keep-alive client connection; the caches' accepted connections in the same loop (the
 //!    namespace's PassiveOpens less the client's and the origin's);
 //! 2. req/s of a cached 1 KiB object through balancer -> cache against nginx serving it directly
-//!    (wrk), and (2b) of its cache alone;
-//! 2m. req/s of that object through balancer -> cache with every pod's metrics sidecar against
-//!    without (the topology rendered again with `--nginx-metrics-image`: the pods replaced, each
-//!    sidecar the binary under test in a sandbox of its own sharing the pod's emptyDirs, its
-//!    listen address moved to the pod's), off, on, on, off; and what the balancer's sidecar
-//!    counted of wrk's requests;
+//!    (wrk), and (2b) of its cache alone; (2m) the same through balancer -> cache with every
+//!    pod's metrics sidecar against without (the topology rendered again with
+//!    `--nginx-metrics-image`: the pods replaced, each sidecar the binary under test in a
+//!    sandbox of its own sharing the pod's emptyDirs, its listen address moved to the pod's),
+//!    off, on, on, off, and what the balancer's sidecar counted of wrk's requests;
 //! 3. whose body and X-Cache-Status `Host: customer-b` gets after `customer-a` cached the path;
 //! 4. failures of 20 cached segments after 3 quick origin 503s;
 //! 5. failures of 75 cached requests during an origin 503 a second;
