@@ -79,7 +79,12 @@ async fn write_as_the_operator(
     upstreams: &[Upstream],
 ) {
     let ns = cluster.namespace().unwrap();
-    let kids = build::children(cluster, upstreams, &Default::default(), &Default::default());
+    // The children the operator under test makes: with its metrics sidecar when the environment
+    // it inherits names the sidecar's image.
+    let metrics = build::MetricsSidecar {
+        image: std::env::var("RELATED_IMAGE_NGINX_METRICS").ok(),
+    };
+    let kids = build::children(cluster, upstreams, &Default::default(), &metrics);
     let changes: Vec<ChildChange> = [
         kids.config_map.object_ref(&()),
         kids.service.object_ref(&()),
