@@ -226,13 +226,9 @@ fn seconds(text: &str) -> f64 {
 mod tests {
     use super::*;
 
-    fn line(message: &str) -> String {
-        message.to_string()
-    }
-
     #[test]
     fn a_client_request_served_from_the_cache() {
-        let text = line("84\t200\tHIT\t3500260\t-\t-\t-\t-\torigin origin-a");
+        let text = String::from("84\t200\tHIT\t3500260\t-\t-\t-\t-\torigin origin-a");
         let parsed = parse(text.as_bytes()).unwrap();
         assert!(parsed.main);
         assert_eq!(parsed.status, 200);
@@ -244,8 +240,9 @@ mod tests {
 
     #[test]
     fn a_slice_fetched_by_a_subrequest_counts_its_attempt_only() {
-        let text =
-            line("0\t200\tMISS\t2097412\t206\t0.002\t0.003\t1048873\tcdncluster cache-a+cache-b");
+        let text = String::from(
+            "0\t200\tMISS\t2097412\t206\t0.002\t0.003\t1048873\tcdncluster cache-a+cache-b",
+        );
         let parsed = parse(text.as_bytes()).unwrap();
         assert!(!parsed.main);
         assert_eq!(
@@ -264,7 +261,7 @@ mod tests {
 
     #[test]
     fn failed_attempts_are_told_apart_by_whether_the_source_answered() {
-        let text = line(
+        let text = String::from(
             "82\t200\tMISS\t500\t502, 504, 503 : 200\t-, -, 0.010 : 0.020\t0.000, 8.001, 0.011 : 0.021\t0, 0, 120 : 900\torigin a+b+c",
         );
         let parsed = parse(text.as_bytes()).unwrap();
@@ -282,7 +279,7 @@ mod tests {
         assert_eq!(attempts[1].seconds, 8.001);
         assert_eq!(attempts[3].bytes_received, 900);
         // A 502 the source sent itself (a tier relaying its origin's) is an answer.
-        let relayed = line("82\t502\tNONE\t300\t502\t0.004\t0.004\t300\tcdncluster cache");
+        let relayed = String::from("82\t502\tNONE\t300\t502\t0.004\t0.004\t300\tcdncluster cache");
         let relayed = parse(relayed.as_bytes()).unwrap();
         assert_eq!(
             relayed.attempts().next().unwrap().error,
@@ -292,7 +289,7 @@ mod tests {
 
     #[test]
     fn a_response_nginx_made_itself_has_no_source() {
-        let text = line("82\t404\t-\t153\t-\t-\t-\t-\tnone none");
+        let text = String::from("82\t404\t-\t153\t-\t-\t-\t-\tnone none");
         let parsed = parse(text.as_bytes()).unwrap();
         assert_eq!(parsed.cache_status, CacheStatus::None);
         assert_eq!(source(parsed.source), Some(("none", "none")));
@@ -315,10 +312,10 @@ mod tests {
     fn anything_else_is_refused() {
         for bad in [
             "not a line of the format".to_string(),
-            line("84\t200\tHIT\t10\t-\t-\t-\t-"),
-            line("84\t200\tHIT\t10\t-\t-\t-\t-\torigin a\textra"),
-            line("84\t999\tHIT\t10\t-\t-\t-\t-\torigin a"),
-            line("84\t200\tHIT\tmany\t-\t-\t-\t-\torigin a"),
+            String::from("84\t200\tHIT\t10\t-\t-\t-\t-"),
+            String::from("84\t200\tHIT\t10\t-\t-\t-\t-\torigin a\textra"),
+            String::from("84\t999\tHIT\t10\t-\t-\t-\t-\torigin a"),
+            String::from("84\t200\tHIT\tmany\t-\t-\t-\t-\torigin a"),
         ] {
             assert_eq!(parse(bad.as_bytes()), None, "{bad}");
         }

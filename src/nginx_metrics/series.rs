@@ -451,10 +451,6 @@ mod tests {
         }
     }
 
-    fn line_of(message: &str) -> Vec<u8> {
-        message.as_bytes().to_vec()
-    }
-
     fn sample<'t>(text: &'t str, series: &str) -> Option<&'t str> {
         text.lines()
             .find(|l| l.split_once(' ').is_some_and(|(s, _)| s == series))
@@ -473,7 +469,7 @@ mod tests {
             "82\t502\tMISS\t314\t502\t-\t0.000\t0\torigin origin",
             "82\t404\t-\t153\t-\t-\t-\t-\tnone none",
         ] {
-            tally.add(&line_of(message));
+            tally.add(message.as_bytes());
         }
         tally.add(b"garbage");
         let text = crate::runtime::metrics::to_prometheus_text(&series.encode());
@@ -539,9 +535,7 @@ mod tests {
         let series = Series::new(&identity(None));
         let mut tally = Tally::new(&series);
         for i in 0..(MAX_SOURCES + 10) {
-            tally.add(&line_of(&format!(
-                "84\t200\t-\t10\t200\t0.001\t0.001\t10\torigin o{i}"
-            )));
+            tally.add(format!("84\t200\t-\t10\t200\t0.001\t0.001\t10\torigin o{i}").as_bytes());
         }
         let text = crate::runtime::metrics::to_prometheus_text(&series.encode());
         let pools = text
