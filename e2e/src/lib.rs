@@ -70,11 +70,17 @@ pub async fn connect(what: &str) -> Option<Client> {
 /// Installs or updates the CRDs as `run.sh` does (server-side apply, manager `cdn-operator`) and
 /// waits until the API server serves them.
 pub async fn install_crds(client: &Client) {
+    apply_crds(client, &cdn_operator::api::crds()).await;
+}
+
+/// Installs or updates `crds` as `run.sh` does (the current ones, or a release's for the upgrade
+/// test) and waits until the API server serves them.
+pub async fn apply_crds(client: &Client, crds: &[CustomResourceDefinition]) {
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
     let params = PatchParams::apply(cdn_operator::kubernetes::record::FIELD_MANAGER).force();
-    for crd in cdn_operator::api::crds() {
+    for crd in crds {
         let name = crd.name_any();
-        api.patch(&name, &params, &Patch::Apply(&crd))
+        api.patch(&name, &params, &Patch::Apply(crd))
             .await
             .unwrap_or_else(|e| panic!("installing the CRD {name}: {e}"));
         eventually(
@@ -157,8 +163,14 @@ impl OperatorOptions {
     /// Starts `cdn-operator run` as `identity`, its output captured, and waits until its health
     /// endpoint answers.
     pub async fn start(&self, identity: &str) -> Operator {
+        self.start_binary(identity, &operator_binary()).await
+    }
+
+    /// [`OperatorOptions::start`] with another binary (a previous release's, for the upgrade
+    /// test).
+    pub async fn start_binary(&self, identity: &str, binary: &Path) -> Operator {
         let (health, metrics) = (free_port(), free_port());
-        let mut command = Command::new(operator_binary());
+        let mut command = Command::new(binary);
         command
             .arg("run")
             .arg(format!("--health-probe-bind-address=127.0.0.1:{health}"))
@@ -233,8 +245,13 @@ pub struct Env {
 impl Env {
     /// Connects (or skips: `None`), installs the CRDs and creates the test's namespace.
     pub async fn new(test: &str) -> Option<Env> {
+        Env::with_crds(test, &cdn_operator::api::crds()).await
+    }
+
+    /// [`Env::new`] with these CRDs installed instead of the current ones (a release's).
+    pub async fn with_crds(test: &str, crds: &[CustomResourceDefinition]) -> Option<Env> {
         let client = connect(&format!("e2e {test}")).await?;
-        install_crds(&client).await;
+        apply_crds(&client, crds).await;
         let suffix = format!(
             "{:x}",
             std::time::SystemTime::now()
