@@ -538,9 +538,12 @@ fn refused(problems: Vec<String>, expected: &str) {
     );
 }
 
+/// A change made to the schema of a test CRD.
+type Mutation = Box<dyn FnOnce(&mut Value)>;
+
 #[test]
 fn the_comparator_refuses_each_narrowing_and_names_its_path() {
-    let cases: Vec<(Box<dyn FnOnce(&mut Value)>, &str)> = vec![
+    let cases: Vec<(Mutation, &str)> = vec![
         (
             Box::new(|s| {
                 s["properties"]["spec"]["properties"]
