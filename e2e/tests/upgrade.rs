@@ -138,20 +138,47 @@ async fn settled(env: &Env, quiet: Duration) -> BTreeMap<String, Value> {
     }
 }
 
-/// The keys whose objects differ between `before` and `after`, with both versions.
+/// The objects that differ between `before` and `after`, each with the paths that differ.
 fn changes(before: &BTreeMap<String, Value>, after: &BTreeMap<String, Value>) -> String {
     let keys: std::collections::BTreeSet<&String> = before.keys().chain(after.keys()).collect();
-    keys.into_iter()
-        .filter(|k| before.get(*k) != after.get(*k))
-        .map(|k| {
-            format!(
-                "{k}:\n  before: {}\n  after:  {}",
-                before.get(k).map_or("(none)".into(), |v| v.to_string()),
-                after.get(k).map_or("(none)".into(), |v| v.to_string())
-            )
-        })
-        .collect::<Vec<_>>()
-        .join("\n")
+    let mut lines = Vec::new();
+    for key in keys {
+        let (old, new) = (before.get(key), after.get(key));
+        match (old, new) {
+            (Some(old), Some(new)) if old != new => {
+                let mut paths = Vec::new();
+                differences("", old, new, &mut paths);
+                lines.push(format!("{key}:\n  {}", paths.join("\n  ")));
+            }
+            (Some(_), None) => lines.push(format!("{key}: gone")),
+            (None, Some(_)) => lines.push(format!("{key}: new")),
+            _ => {}
+        }
+    }
+    lines.join("\n")
+}
+
+/// The paths where `old` and `new` differ, with both values.
+fn differences(path: &str, old: &Value, new: &Value, out: &mut Vec<String>) {
+    match (old, new) {
+        (Value::Object(o), Value::Object(n)) => {
+            let keys: std::collections::BTreeSet<&String> = o.keys().chain(n.keys()).collect();
+            for k in keys {
+                let (a, b) = (
+                    o.get(k).unwrap_or(&Value::Null),
+                    n.get(k).unwrap_or(&Value::Null),
+                );
+                differences(&format!("{path}.{k}"), a, b, out);
+            }
+        }
+        (Value::Array(o), Value::Array(n)) if o.len() == n.len() => {
+            for (i, (a, b)) in o.iter().zip(n).enumerate() {
+                differences(&format!("{path}[{i}]"), a, b, out);
+            }
+        }
+        _ if old != new => out.push(format!("{path}: {old} -> {new}")),
+        _ => {}
+    }
 }
 
 fn reconciles(operator: &cdn_operator_e2e::Operator, controller: &str) -> f64 {
