@@ -353,7 +353,8 @@ fn versions_converted_without_a_webhook_have_the_same_schema() {
 // ---- The objects we know, validated against each release and against the current CRDs.
 
 /// The files holding custom resources: the seed examples, examples/, the TLS golden input, the
-/// objects captured from a real API server, and the CSV's alm-examples (written to `dir`).
+/// objects captured from a real API server, the Argo CD health checks' test objects, and the
+/// CSV's alm-examples (written to `dir`).
 fn object_files(dir: &Path) -> Vec<PathBuf> {
     let mut files: Vec<PathBuf> = Vec::new();
     let mut add_dir = |d: PathBuf, ext: &[&str]| {
@@ -368,6 +369,16 @@ fn object_files(dir: &Path) -> Vec<PathBuf> {
     add_dir(support::shared("seed-examples"), &["yaml"]);
     add_dir(root().join("examples"), &["yaml"]);
     add_dir(root().join("tests/fixtures/real-server"), &["json"]);
+    // The Argo CD health checks' objects: CdnClusters and Ats with every kind of status.
+    for group in [
+        "cluster.anevia.com/CdnCluster",
+        "cnat.programming-kubernetes.info/At",
+    ] {
+        let testdata = root().join("argocd/health").join(group).join("testdata");
+        if testdata.is_dir() {
+            add_dir(testdata, &["yaml"]);
+        }
+    }
     files.push(root().join("tests/golden/tls-topology.yaml"));
 
     let csv_path = root().join("bundle/manifests/cdn-operator.clusterserviceversion.yaml");
@@ -451,15 +462,15 @@ fn every_known_object_a_release_accepted_is_accepted_now() {
             &write_crds(dir.path(), &format!("{version}.yaml"), crds.into_values()),
             &files,
         );
-        // Seed examples (4), examples/ (several), real-server captures (4), alm-examples (4+):
-        // a handful would mean the files were not read.
+        // 41 objects for 0.1.0 (seed examples, examples/, real-server captures, Argo CD test
+        // objects, alm-examples): a handful would mean files were not read.
         let accepted: Vec<&String> = then
             .iter()
             .filter(|(_, v)| v.is_ok())
             .map(|(k, _)| k)
             .collect();
         assert!(
-            accepted.len() >= 15,
+            accepted.len() >= 30,
             "{version}: only {} objects accepted: {then:#?}",
             accepted.len()
         );
