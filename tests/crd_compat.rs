@@ -728,3 +728,71 @@ fn the_comparator_lets_wider_changes_through() {
     let problems = incompatibilities(&old, &new);
     assert!(problems.is_empty(), "{problems:#?}");
 }
+
+// ---- The release step.
+
+/// `scripts/release-crds.sh`, run in a copy of the parts of the repository it reads: it freezes
+/// the shipped CRDs under the version given (or Cargo.toml's), never overwrites a released copy,
+/// and refuses a version that is not MAJOR.MINOR.PATCH, each with its reason.
+#[test]
+fn the_release_step_freezes_the_shipped_crds_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let tree = dir.path();
+    std::fs::create_dir_all(tree.join("scripts")).unwrap();
+    std::fs::create_dir_all(tree.join("kustomize/base/crds")).unwrap();
+    std::fs::copy(
+        root().join("scripts/release-crds.sh"),
+        tree.join("scripts/release-crds.sh"),
+    )
+    .unwrap();
+    std::fs::write(
+        tree.join("Cargo.toml"),
+        "[package]\nname = \"x\"\nversion = \"9.8.7\"\n",
+    )
+    .unwrap();
+    let shipped = root().join("kustomize/base/crds");
+    let mut names = Vec::new();
+    for entry in std::fs::read_dir(&shipped).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_owned();
+        std::fs::copy(&path, tree.join("kustomize/base/crds").join(&name)).unwrap();
+        names.push(name);
+    }
+    let run = |args: &[&str]| {
+        let out = Command::new("bash")
+            .arg(tree.join("scripts/release-crds.sh"))
+            .args(args)
+            .output()
+            .expect("bash");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+
+    assert_eq!(run(&[]).0, Some(0), "the version of Cargo.toml");
+    assert_eq!(run(&["1.2.3-rc.1"]).0, Some(0));
+    for version in ["9.8.7", "1.2.3-rc.1"] {
+        for name in &names {
+            let frozen = tree
+                .join("tests/fixtures/released-crds")
+                .join(version)
+                .join(name);
+            assert_eq!(
+                std::fs::read(&frozen).unwrap_or_default(),
+                std::fs::read(shipped.join(name)).unwrap(),
+                "{}",
+                frozen.display()
+            );
+        }
+    }
+    let (code, stderr) = run(&["9.8.7"]);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("exists already"), "{stderr}");
+    let (code, stderr) = run(&["v2"]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        stderr.contains("'v2' is not a semantic version"),
+        "{stderr}"
+    );
+}
