@@ -343,7 +343,7 @@ fn versions_converted_without_a_webhook_have_the_same_schema() {
     ]));
     assert!(conversion_problems(&two).is_empty());
     two["spec"]["versions"][1]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
-        ["extra"] = serde_json::json!({"type": "string"});
+        ["added"] = serde_json::json!({"type": "string"});
     refused(
         conversion_problems(&two),
         "version \"v1\" has a schema other than \"v1alpha1\"'s but no conversion webhook",
@@ -523,6 +523,7 @@ fn schema() -> Value {
                         "items": {"type": "object", "properties": {"weight": {"type": "integer"}}},
                     },
                     "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+                    "extra": {"type": "object", "x-kubernetes-preserve-unknown-fields": true},
                 }
             }
         }
@@ -660,6 +661,45 @@ fn the_comparator_refuses_each_narrowing_and_names_its_path() {
             }),
             "things.example.com v1: .: new CEL rule `self.metadata.name.size() <= 52`",
         ),
+        (
+            Box::new(|s| s["properties"]["spec"]["properties"]["name"]["format"] = "uuid".into()),
+            ".spec.name: format changed from null to \"uuid\"",
+        ),
+        (
+            Box::new(|s| s["properties"]["spec"]["properties"]["sources"]["minItems"] = 1.into()),
+            ".spec.sources: minItems tightened",
+        ),
+        (
+            Box::new(|s| {
+                s["properties"]["spec"]["properties"]["sources"]["uniqueItems"] = true.into()
+            }),
+            ".spec.sources: uniqueItems added",
+        ),
+        (
+            Box::new(|s| {
+                s["properties"]["spec"]["properties"]["labels"]
+                    .as_object_mut()
+                    .unwrap()
+                    .remove("additionalProperties");
+            }),
+            ".spec.labels: additionalProperties no longer allowed",
+        ),
+        (
+            Box::new(|s| {
+                s["properties"]["spec"]["properties"]["port"]["anyOf"] =
+                    serde_json::json!([{"type": "integer"}])
+            }),
+            ".spec.port: anyOf changed",
+        ),
+        (
+            Box::new(|s| {
+                s["properties"]["spec"]["properties"]["extra"]
+                    .as_object_mut()
+                    .unwrap()
+                    .remove("x-kubernetes-preserve-unknown-fields");
+            }),
+            ".spec.extra: no longer preserves unknown fields",
+        ),
     ];
     for (mutate, expected) in cases {
         refused(after(mutate), expected);
@@ -707,7 +747,7 @@ fn the_comparator_lets_wider_changes_through() {
     {
         let s = &mut new["spec"]["versions"][0]["schema"]["openAPIV3Schema"];
         let spec = &mut s["properties"]["spec"];
-        spec["properties"]["extra"] = serde_json::json!({"type": "string", "maxLength": 3});
+        spec["properties"]["added"] = serde_json::json!({"type": "string", "maxLength": 3});
         spec["required"] = serde_json::json!([]);
         spec["properties"]["role"]["enum"] = serde_json::json!(["a", "b", "c"]);
         spec["properties"]["role"]["description"] = "documented now".into();
