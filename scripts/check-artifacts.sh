@@ -137,6 +137,25 @@ kubernetes-validate --strict --quiet --no-warn -k 1.29.0 "$work/kustomize-single
 "$py" scripts/artifact_checks.py pod-monitor-namespace team-b "$work/kustomize-single-namespace-monitoring.yaml"
 "$py" scripts/artifact_checks.py no-cluster-rbac "$work/kustomize-single-namespace-monitoring.yaml"
 echo "ok kustomize/components/prometheus with single-namespace"
+# A user's overlay without `namespace:` adding every component: what the components add goes to
+# the operator's namespace, not to kubectl's current one; on top of an overlay that moved the
+# operator (team-a above), to that one.
+for on in base:cdn-operator overlay-team-a:team-a; do
+  dir="$work/overlay-components-${on%%:*}"
+  mkdir -p "$dir"
+  case $on in base:*) from=kustomize/base ;; *) from="$work/${on%%:*}" ;; esac
+  {
+    printf 'apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n'
+    printf '  - %s\ncomponents:\n' "$(realpath --relative-to="$dir" "$from")"
+    for c in kustomize/components/*/; do
+      printf '  - %s\n' "$(realpath --relative-to="$dir" "$c")"
+    done
+  } >"$dir/kustomization.yaml"
+  kubectl kustomize "$dir" >"$dir.yaml"
+  kubernetes-validate --strict --quiet --no-warn "$dir.yaml"
+  "$py" scripts/artifact_checks.py all-in-namespace "${on#*:}" "$dir.yaml"
+done
+echo "ok kustomize/components/* land in the operator's namespace"
 
 step "helm lint and template, kubernetes-validate --strict (Kubernetes 1.37 and 1.29)"
 chart=helm/cdn-operator
