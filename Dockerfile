@@ -47,6 +47,6 @@ LABEL org.opencontainers.image.title="cdn-operator" \
 COPY --from=binary /out/cdn-operator /cdn-operator
 # The uid of the Deployment's securityContext; no /etc/passwd is needed for a numeric user.
 USER 65532:65532
-EXPOSE 8080 8081
+EXPOSE 8443 8081
 ENTRYPOINT ["/cdn-operator"]
 CMD ["run"]

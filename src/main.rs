@@ -27,7 +27,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run the controllers against the cluster of KUBECONFIG, or the in-cluster config.
+    /// Run the controllers against the cluster of --kubeconfig (KUBECONFIG), or the in-cluster config.
     Run(Box<cdn_operator::run::Args>),
     /// Print the children the operator would create for some manifests (no cluster needed).
     Render(cdn_operator::cli::render::Args),

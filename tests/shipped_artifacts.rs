@@ -1710,3 +1710,34 @@ fn argocd_overlay_puts_crds_first() {
     assert!(text.contains(r#"argocd.argoproj.io/sync-wave: \"-1\""#));
     assert!(Path::new(&root().join("argocd/argocd-cm.yaml")).exists());
 }
+
+/// The image's `EXPOSE` is what `cdn-operator run` (its default command) listens on by default:
+/// the ports of its `--*-bind-address` flags (probes, metrics).
+#[test]
+fn the_image_exposes_the_ports_the_operator_listens_on_by_default() {
+    use clap::Args as _;
+    let run = cdn_operator::run::Args::augment_args(clap::Command::new("run"));
+    let listened: BTreeSet<u16> = run
+        .get_arguments()
+        .filter(|arg| arg.get_id().as_str().ends_with("bind_address"))
+        .map(|arg| {
+            let default = arg.get_default_values();
+            let default = default[0].to_str().expect("a default address");
+            let port = default.rsplit(':').next().expect("an address with a port");
+            port.parse()
+                .unwrap_or_else(|_| panic!("--{}: default {default}", arg.get_id()))
+        })
+        .collect();
+    assert_eq!(listened.len(), 2, "probes and metrics: {listened:?}");
+    let exposed: BTreeSet<u16> = read("Dockerfile")
+        .lines()
+        .filter_map(|line| line.strip_prefix("EXPOSE "))
+        .flat_map(str::split_whitespace)
+        .map(|port| {
+            let port = port.trim_end_matches("/tcp");
+            port.parse()
+                .unwrap_or_else(|_| panic!("Dockerfile: EXPOSE {port}"))
+        })
+        .collect();
+    assert_eq!(exposed, listened, "Dockerfile EXPOSE");
+}

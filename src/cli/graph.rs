@@ -16,7 +16,7 @@ use std::process::ExitCode;
 
 #[derive(clap::Args, Debug, Clone)]
 #[command(after_help = "\
-Without -f, lists the CdnClusters of the cluster of KUBECONFIG (or the in-cluster config) and shows
+Without -f, lists the CdnClusters of the cluster of --kubeconfig (or the in-cluster config) and shows
 the state and ready replicas their status records. With -f, reads manifests only (no cluster is
 contacted) and shows, for objects without a status, the state the operator's first reconcile would
 give them: WaitingSource, Invalid, or Deploying 0/N.
@@ -44,6 +44,9 @@ pub struct Args {
     /// Output format.
     #[arg(short = 'o', long, value_enum, default_value_t = Format::Text)]
     pub output: Format,
+
+    #[command(flatten)]
+    pub kubeconfig: crate::kubernetes::client::Kubeconfig,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -581,7 +584,7 @@ fn from_cluster(args: &Args) -> Result<Topology, String> {
         .build()
         .map_err(|e| format!("cannot start the async runtime: {e}"))?;
     runtime.block_on(async {
-        let client = crate::kubernetes::client::connect(None)
+        let client = crate::kubernetes::client::connect(&args.kubeconfig, None)
             .await
             .map_err(|e| format!("cannot reach the cluster: {e}"))?;
         let namespace = match (&args.namespace, args.all_namespaces) {

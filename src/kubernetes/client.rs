@@ -1,9 +1,13 @@
-//! The Kubernetes client: from KUBECONFIG or the in-cluster config, identified as the operator.
+//! The Kubernetes client: from --kubeconfig (KUBECONFIG) or the in-cluster config, identified as
+//! the operator.
 
 use crate::runtime::client_metrics::CountRequests;
 use http::header::{HeaderValue, USER_AGENT};
 use kube::client::ClientBuilder;
+use kube::config::{KubeConfigOptions, Kubeconfig as KubeconfigFile};
 use kube::{Client, Config};
+use std::ffi::OsString;
+use std::path::PathBuf;
 
 /// The product in the User-Agent of every request, so API server audit logs and metrics name the
 /// operator: `cdn-operator/<version>`.
@@ -26,22 +30,70 @@ pub fn identify(config: &mut Config) {
 pub enum ConnectError {
     #[error("{0}")]
     Config(#[source] kube::Error),
+    #[error("{0}")]
+    Kubeconfig(#[from] kube::config::KubeconfigError),
     #[error(transparent)]
     Roots(#[from] crate::runtime::trust::RootsError),
     #[error("{0}")]
     Client(#[source] kube::Error),
 }
 
-/// A client for the cluster of `KUBECONFIG` (or `~/.kube/config`), or the in-cluster config;
-/// its requests counted by `counted` when given (`rest_client_requests_total`).
-pub async fn connect(counted: Option<&CountRequests>) -> Result<Client, ConnectError> {
+/// Which kubeconfig to use, as controller-runtime's `--kubeconfig` flag and client-go's
+/// `KUBECONFIG` name it.
+#[derive(clap::Args, Debug, Clone, Default, PartialEq, Eq)]
+pub struct Kubeconfig {
+    /// The kubeconfig file (a list of files separated by `:` merged as kubectl merges them);
+    /// default: ~/.kube/config, else the in-cluster service account.
+    #[arg(long, env = "KUBECONFIG", value_name = "PATH")]
+    pub kubeconfig: Option<OsString>,
+}
+
+impl Kubeconfig {
+    /// The files named, empty ones left out (as kubectl leaves them).
+    fn paths(&self) -> Vec<PathBuf> {
+        self.kubeconfig
+            .as_deref()
+            .map(|paths| {
+                std::env::split_paths(paths)
+                    .filter(|p| !p.as_os_str().is_empty())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// The client configuration: of the files named, which must load (no silent fallback to
+    /// another cluster, as with controller-runtime), else inferred (~/.kube/config, in-cluster).
+    async fn config(&self) -> Result<Config, ConnectError> {
+        let paths = self.paths();
+        if paths.is_empty() {
+            return Config::infer()
+                .await
+                .map_err(|e| ConnectError::Config(kube::Error::InferConfig(e)));
+        }
+        let merged = paths
+            .iter()
+            .try_fold(KubeconfigFile::default(), |merged, path| {
+                KubeconfigFile::read_from(path).and_then(|file| merged.merge(file))
+            })?;
+        let mut config =
+            Config::from_custom_kubeconfig(merged, &KubeConfigOptions::default()).await?;
+        // What Config::infer applies too (KUBE_RS_DEBUG_IMPERSONATE, KUBE_RS_DEBUG_OVERRIDE_URL).
+        config.apply_debug_overrides();
+        Ok(config)
+    }
+}
+
+/// A client for the cluster of `kubeconfig`; its requests counted by `counted` when given
+/// (`rest_client_requests_total`).
+pub async fn connect(
+    kubeconfig: &Kubeconfig,
+    counted: Option<&CountRequests>,
+) -> Result<Client, ConnectError> {
     // kube is built with ring, but another crate in the graph (in test builds, the fake
     // client's jsonschema) may enable aws-lc-rs too; rustls then refuses to pick one and
     // panics. Choose explicitly; an Err means a provider is already installed, which is fine.
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let mut config = Config::infer()
-        .await
-        .map_err(|e| ConnectError::Config(kube::Error::InferConfig(e)))?;
+    let mut config = kubeconfig.config().await?;
     identify(&mut config);
     trust_default_roots(&mut config)?;
     let builder = ClientBuilder::try_from(config).map_err(ConnectError::Client)?;

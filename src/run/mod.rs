@@ -106,7 +106,7 @@ pub async fn run(args: Args) -> Result<(), Error> {
 
     let metrics = Metrics::new();
     let client = tokio::select! {
-        client = connect(&metrics) => client?,
+        client = connect(&args.kubeconfig, &metrics) => client?,
         _ = shutdown.clone().cancelled_owned() => return Ok(()),
     };
 
@@ -266,8 +266,12 @@ pub async fn run(args: Args) -> Result<(), Error> {
 
 /// A client, checked by one request so an unreachable API server fails at start.
 /// Its requests are counted in `metrics`.
-async fn connect(metrics: &Metrics) -> Result<kube::Client, Error> {
-    let client = crate::kubernetes::client::connect(Some(&metrics.count_requests())).await?;
+async fn connect(
+    kubeconfig: &crate::kubernetes::client::Kubeconfig,
+    metrics: &Metrics,
+) -> Result<kube::Client, Error> {
+    let client =
+        crate::kubernetes::client::connect(kubeconfig, Some(&metrics.count_requests())).await?;
     let version = client
         .apiserver_version()
         .await

@@ -66,6 +66,11 @@ impl Launch for Operator {
             "LOG_FORMAT",
             "METRICS_SECURE",
             "METRICS_CERT_DIR",
+            "METRICS_CERT_NAME",
+            "METRICS_CERT_KEY",
+            "LEADER_ELECTION_LEASE_DURATION",
+            "LEADER_ELECTION_RENEW_DEADLINE",
+            "LEADER_ELECTION_RETRY_PERIOD",
         ] {
             command.env_remove(name);
         }

@@ -14,6 +14,7 @@ mod otlp;
 mod allocator;
 mod election;
 mod image;
+mod kubebuilder_flags;
 mod probes_and_metrics;
 mod secure_metrics;
 mod shutdown;

@@ -54,7 +54,7 @@ fn a_broken_kubeconfig_is_one_line_and_exit_1() {
 fn bad_flags_are_one_line_and_non_zero() {
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = kubeconfig(dir.path(), free_port());
-    let cases: [(&[&str], &str); 8] = [
+    let cases: [(&[&str], &str); 11] = [
         (&["--leader-election-lease-duration=soon"], "cdn-operator: invalid value 'soon' for '--leader-election-lease-duration"),
         (&["--no-such-flag"], "cdn-operator: unexpected argument '--no-such-flag' found"),
         (&["--max-concurrent-reconciles=0"], "cdn-operator: invalid value '0' for '--max-concurrent-reconciles"),
@@ -71,6 +71,16 @@ fn bad_flags_are_one_line_and_non_zero() {
         (
             &["--leader-elect=false", "--metrics-secure=false", "--metrics-cert-dir=/tmp"],
             "cdn-operator: --metrics-cert-dir needs --metrics-secure=true",
+        ),
+        // controller-runtime's names.
+        (
+            &["--leader-elect=false", "--metrics-secure=true", "--metrics-cert-path=/nonexistent"],
+            "cdn-operator: cannot read /nonexistent/tls.crt: ",
+        ),
+        (&["--zap-log-level=0"], "cdn-operator: invalid value '0' for '--log-level <LEVEL>': zap's numeric levels are integers > 0"),
+        (
+            &["--leader-elect=false", "--kubeconfig=/nonexistent"],
+            "cdn-operator: cannot configure a Kubernetes client: failed to read kubeconfig from '\"/nonexistent\"'",
         ),
     ];
     for (args, expected) in cases {
