@@ -1741,3 +1741,40 @@ fn the_image_exposes_the_ports_the_operator_listens_on_by_default() {
         .collect();
     assert_eq!(exposed, listened, "Dockerfile EXPOSE");
 }
+
+/// docs/operations.md's flag table has a row for every flag of `cdn-operator run`, with its
+/// environment variable and its other names.
+#[test]
+fn the_flag_table_documents_every_flag_and_its_variable() {
+    use clap::Args as _;
+    let docs = read("docs/operations.md");
+    let rows: Vec<&str> = docs
+        .lines()
+        .skip_while(|line| !line.starts_with("## Flags and environment variables"))
+        .skip(1)
+        .take_while(|line| !line.starts_with('#'))
+        .filter(|line| line.starts_with("| `--"))
+        .collect();
+    let run = cdn_operator::run::Args::augment_args(clap::Command::new("run"));
+    for arg in run.get_arguments() {
+        let Some(long) = arg.get_long() else { continue };
+        if long == "help" {
+            continue;
+        }
+        let row = rows
+            .iter()
+            .find(|row| row.starts_with(&format!("| `--{long}`")))
+            .unwrap_or_else(|| panic!("docs/operations.md: no row for --{long}"));
+        let env = arg.get_env().expect("a variable").to_str().unwrap();
+        assert!(
+            row.contains(&format!("| `{env}` |")),
+            "--{long}: {env}: {row}"
+        );
+        for alias in arg.get_visible_aliases().into_iter().flatten() {
+            assert!(
+                row.contains(&format!("`--{alias}`")),
+                "--{long}: --{alias}: {row}"
+            );
+        }
+    }
+}

@@ -18,7 +18,8 @@ pub const DEFAULT_LOG_FILTER: &str = "info,kube=warn,kube_client=warn,kube_runti
 pub enum LogFormat {
     /// One JSON object per line (for log collectors).
     Json,
-    /// Human-readable lines.
+    /// Human-readable lines (`console`, zap's name, is accepted too).
+    #[value(alias = "console")]
     Text,
 }
 

@@ -97,8 +97,9 @@ pub struct Args {
     #[arg(long, env = "METRICS_CERT_KEY", default_value = "tls.key")]
     pub metrics_cert_key: String,
 
-    /// Log format: default json inside a cluster, text elsewhere.
-    #[arg(long, env = "LOG_FORMAT", value_enum)]
+    /// Log format: default json inside a cluster, text elsewhere. `--zap-encoder` (json or
+    /// console) is zap's name for it.
+    #[arg(long, visible_alias = "zap-encoder", env = "LOG_FORMAT", value_enum)]
     pub log_format: Option<LogFormat>,
 
     /// Log filter (`info`, `debug`, `info,kube=debug` ...), or a level as zap takes it
@@ -241,7 +242,7 @@ pub fn cluster_domain_searched(resolv_conf: &str) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
-    use super::{cluster_domain_searched, parse_log_level, Args};
+    use super::{cluster_domain_searched, parse_log_level, Args, LogFormat};
     use clap::{Args as _, Parser};
     use std::collections::BTreeSet;
 
@@ -283,6 +284,7 @@ mod tests {
         let Run { args } = Run::try_parse_from([
             "run",
             "--zap-log-level=1",
+            "--zap-encoder=console",
             "--metrics-cert-path=/tls",
             "--metrics-cert-name=cert.pem",
             "--metrics-cert-key=key.pem",
@@ -294,6 +296,7 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(args.log_level.as_deref(), Some("debug"));
+        assert_eq!(args.log_format, Some(LogFormat::Text));
         assert_eq!(
             args.metrics_tls().unwrap(),
             Some(crate::runtime::tls::Source::Files {
@@ -315,7 +318,27 @@ mod tests {
             assert_eq!(args.leader_elect, elect, "{given:?}");
             assert!(args.metrics_secure);
         }
-        for help in ["--zap-log-level", "--metrics-cert-path", "--kubeconfig"] {
+        // What docs/operations.md says is refused, not ignored.
+        for refused in [
+            "--enable-http2=false",
+            "--zap-devel",
+            "--zap-stacktrace-level=error",
+            "--zap-time-encoding=rfc3339",
+            "--webhook-cert-path=/tls",
+        ] {
+            let error = Run::try_parse_from(["run", refused]).err().expect(refused);
+            assert_eq!(
+                error.kind(),
+                clap::error::ErrorKind::UnknownArgument,
+                "{refused}"
+            );
+        }
+        for help in [
+            "--zap-log-level",
+            "--zap-encoder",
+            "--metrics-cert-path",
+            "--kubeconfig",
+        ] {
             assert!(
                 run().render_long_help().to_string().contains(help),
                 "{help}"
