@@ -19,9 +19,18 @@
                                                absent, or IMAGE
   catalog-properties [--write]                 olm/catalog's bundle properties are those of bundle/
                                                (--write: regenerate them)
+  released ROOT VERSION PREVIOUS               ROOT (a copy of bundle/ and olm/ after scripts/bundle_release.py)
+                                               holds release VERSION upgrading from PREVIOUS, every image by digest
+  olm-monitoring NS RENDERED.yaml [openshift]  olm/monitoring built for namespace NS: the ServiceMonitor scrapes with
+                                               a token Secret of a ServiceAccount bound to the metrics reader (no
+                                               token file); openshift: verifies the service CA's certificate of the
+                                               bundle's metrics Service, which the Subscription example mounts
+  bundle-annotations                           channels agree with the CSV's maturity, and
+                                               com.redhat.openshift.versions with its minKubeVersion
 """
 import json
 import os
+import re
 import sys
 
 import yaml
@@ -369,11 +378,12 @@ _Dumper.add_representer(str, _str)
 
 
 def catalog_properties(*flags):
-    # The bundle document is the catalog's last and its properties its last key: they run from
-    # the note above `properties:` to the end of the file.
+    # The bundle of bundle/ is the catalog's last document and its properties its last key: they
+    # run from the last note above `properties:` to the end of the file (the bundles of earlier
+    # releases keep theirs, scripts/bundle_release.py).
     with open(CATALOG) as f:
         text = f.read()
-    head, sep, _ = text.partition(PROPERTIES_NOTE)
+    head, sep, _ = text.rpartition(PROPERTIES_NOTE)
     if not sep:
         sys.exit(f"{CATALOG}: no generated properties (the note `{PROPERTIES_NOTE.splitlines()[0]}` ends the file)")
     want = head + PROPERTIES_NOTE + yaml.dump({"properties": bundle_properties()}, Dumper=_Dumper,
@@ -391,13 +401,145 @@ def catalog_properties(*flags):
         print(f"{CATALOG}: bundle properties match {BUNDLE}")
 
 
+DIGEST = re.compile(r"^[^@\s]+@sha256:[0-9a-f]{64}$")
+
+
+def released(root, version, previous):
+    """The upgrade policy of docs/upgrading.md, as scripts/bundle_release.py writes it."""
+    os.chdir(root)
+    csv = next(d for d in docs(os.path.join(BUNDLE, "cdn-operator.clusterserviceversion.yaml")))
+    problems = []
+    want = {"name": f"cdn-operator.v{version}", "version": version, "replaces": f"cdn-operator.v{previous}",
+            "skipRange": f">=0.1.0 <{version}"}
+    got = {"name": csv["metadata"]["name"], "version": csv["spec"]["version"],
+           "replaces": csv["spec"].get("replaces"), "skipRange": csv["metadata"]["annotations"].get("olm.skipRange")}
+    problems += [f"CSV {k}: {got[k]!r}, want {want[k]!r}" for k in want if got[k] != want[k]]
+    images = [("containerImage", csv["metadata"]["annotations"].get("containerImage"))]
+    images += [(f"relatedImages {i['name']}", i["image"]) for i in csv["spec"]["relatedImages"]]
+    for d in csv["spec"]["install"]["spec"]["deployments"]:
+        for c in d["spec"]["template"]["spec"]["containers"]:
+            images.append((f"container {c['name']}", c["image"]))
+            images += [(f"env {e['name']}", e.get("value")) for e in c.get("env", []) if e["name"].startswith("RELATED_IMAGE_")]
+    catalog = list(docs(CATALOG))
+    bundle = [d for d in catalog if d.get("schema") == "olm.bundle" and d["name"] == want["name"]]
+    if len(bundle) != 1:
+        problems.append(f"{CATALOG}: {len(bundle)} bundles named {want['name']}")
+    else:
+        images.append(("catalog bundle image", bundle[0]["image"]))
+        images += [(f"catalog relatedImages {i['name']!r}", i["image"]) for i in bundle[0]["relatedImages"]]
+        missing = {i["image"] for i in csv["spec"]["relatedImages"]} - {i["image"] for i in bundle[0]["relatedImages"]}
+        problems += [f"catalog relatedImages lack {m}" for m in sorted(missing)]
+    problems += [f"{where} is not pinned by digest: {ref}" for where, ref in images if not DIGEST.match(ref or "")]
+    if not any(d.get("schema") == "olm.bundle" and d["name"] == want["replaces"] for d in catalog):
+        problems.append(f"{CATALOG}: the previous release {want['replaces']} is gone")
+    with open("bundle/metadata/annotations.yaml") as f:
+        channels = yaml.safe_load(f)["annotations"]["operators.operatorframework.io.bundle.channels.v1"].split(",")
+    for channel in channels:
+        doc = [d for d in catalog if d.get("schema") == "olm.channel" and d["name"] == channel]
+        entries = [e for d in doc for e in d["entries"] if e["name"] == want["name"]]
+        if entries != [{"name": want["name"], "replaces": want["replaces"], "skipRange": want["skipRange"]}]:
+            problems.append(f"channel {channel}: entry {entries}, want replaces and skipRange as in the CSV")
+    if problems:
+        sys.exit(f"{root}: release {version}:\n  " + "\n  ".join(problems))
+    catalog_properties()
+    print(f"ok {root}: {want['name']} replaces {want['replaces']}, skipRange {want['skipRange']}, "
+          f"{len(images)} image references by digest")
+
+
+def olm_monitoring(ns, path, variant="prometheus-operator"):
+    objs = docs(path)
+    by = lambda kind: [o for o in objs if o["kind"] == kind]
+    problems = [f"{o['kind']}/{o['metadata']['name']} is in {o['metadata'].get('namespace')}, not {ns}"
+                for o in objs if o["kind"] != "ClusterRoleBinding" and o["metadata"].get("namespace") != ns]
+    secrets = {o["metadata"]["name"]: o for o in by("Secret")}
+    bound = {(s["namespace"], s["name"]) for b in by("ClusterRoleBinding")
+             if b["roleRef"]["name"] == "cdn-operator-metrics-reader" for s in b["subjects"] if s["kind"] == "ServiceAccount"}
+    service = docs("bundle/manifests/cdn-operator-metrics.service.yaml")[0]
+    (monitor,) = by("ServiceMonitor")
+    for e in monitor["spec"]["endpoints"]:
+        if "bearerTokenFile" in e:
+            problems.append("bearerTokenFile: OpenShift's user-workload monitoring refuses it")
+        cred = e.get("authorization", {}).get("credentials", {})
+        secret = secrets.get(cred.get("name"))
+        if not secret or secret["type"] != "kubernetes.io/service-account-token" or cred.get("key") != "token":
+            problems.append(f"authorization.credentials {cred}: not the token of a service-account-token Secret of the set")
+        elif (ns, secret["metadata"]["annotations"]["kubernetes.io/service-account.name"]) not in bound:
+            problems.append(f"{secret['metadata']['name']}'s ServiceAccount is not bound to cdn-operator-metrics-reader in {ns}")
+        if e.get("scheme") != "https":
+            problems.append("the operator serves /metrics over HTTPS only")
+        tls = e.get("tlsConfig", {})
+        if variant == "openshift":
+            ca = tls.get("ca", {}).get("configMap", {})
+            cms = [c for c in by("ConfigMap") if c["metadata"]["name"] == ca.get("name")]
+            if ca.get("key") != "service-ca.crt" or not cms or \
+                    cms[0]["metadata"].get("annotations", {}).get("service.beta.openshift.io/inject-cabundle") != "true":
+                problems.append(f"tlsConfig.ca {ca}: not the ConfigMap the service CA injects")
+            if tls.get("insecureSkipVerify") or tls.get("serverName") != f"{service['metadata']['name']}.{ns}.svc":
+                problems.append(f"tlsConfig {tls}: must verify {service['metadata']['name']}.{ns}.svc")
+            cert = service["metadata"].get("annotations", {}).get("service.beta.openshift.io/serving-cert-secret-name")
+            sub = docs("olm/examples/subscription_openshift.yaml")[0]["spec"]["config"]
+            volumes = {v["name"] for v in sub["volumes"] if v.get("secret", {}).get("secretName") == cert}
+            mounts = {m["mountPath"] for m in sub["volumeMounts"] if m["name"] in volumes}
+            env = {x["name"]: x.get("value") for x in sub["env"]}
+            if not cert or env.get("METRICS_CERT_DIR") not in mounts:
+                problems.append(f"the operator does not serve the service CA's certificate (Secret {cert}): "
+                                f"subscription_openshift.yaml mounts {mounts}, METRICS_CERT_DIR {env.get('METRICS_CERT_DIR')}")
+    if problems:
+        sys.exit(f"{path}:\n  " + "\n  ".join(problems))
+    print(f"ok {path}: {variant} monitoring of {ns}, token from Secret, "
+          + ("service CA verified" if variant == "openshift" else "TLS not verified (self-signed)"))
+
+
+# OpenShift 4.N runs Kubernetes 1.(N+13) (4.14: 1.27 ... 4.17: 1.30).
+OPENSHIFT_KUBE_OFFSET = 13
+
+
+def bundle_annotations():
+    with open("bundle/metadata/annotations.yaml") as f:
+        annotations = yaml.safe_load(f)["annotations"]
+    csv = next(d for d in docs(os.path.join(BUNDLE, "cdn-operator.clusterserviceversion.yaml")))
+    catalog = list(docs(CATALOG))
+    problems = []
+    channels = annotations["operators.operatorframework.io.bundle.channels.v1"].split(",")
+    default = annotations["operators.operatorframework.io.bundle.channel.default.v1"]
+    maturity = csv["spec"]["maturity"]
+    # A channel named after a maturity (alpha, beta, stable) carries bundles of that maturity.
+    if channels != [maturity]:
+        problems.append(f"channels {channels} but the CSV's maturity is {maturity}")
+    if default not in channels:
+        problems.append(f"default channel {default} is not one of {channels}")
+    package = next(d for d in catalog if d.get("schema") == "olm.package")
+    if package["defaultChannel"] != default:
+        problems.append(f"{CATALOG}: defaultChannel {package['defaultChannel']}, bundle's {default}")
+    in_catalog = {d["name"] for d in catalog if d.get("schema") == "olm.channel"
+                  and any(e["name"] == csv["metadata"]["name"] for e in d["entries"])}
+    if in_catalog != set(channels):
+        problems.append(f"{CATALOG}: {csv['metadata']['name']} is in channels {sorted(in_catalog)}, bundle's {channels}")
+    for path in ["olm/examples/subscription.yaml", "olm/examples/subscription_openshift.yaml"]:
+        sub = docs(path)[0]
+        if sub["spec"]["channel"] != default:
+            problems.append(f"{path}: channel {sub['spec']['channel']}, bundle's {default}")
+    versions = str(annotations.get("com.redhat.openshift.versions", ""))
+    m = re.fullmatch(r"v4\.(\d+)", versions)
+    kube = re.fullmatch(r"1\.(\d+)\.\d+", csv["spec"]["minKubeVersion"])
+    if not m:
+        problems.append(f"com.redhat.openshift.versions {versions!r}: want \"v4.N\" (4.N and later)")
+    elif int(m.group(1)) + OPENSHIFT_KUBE_OFFSET != int(kube.group(1)):
+        problems.append(f"com.redhat.openshift.versions {versions} runs Kubernetes 1.{int(m.group(1)) + OPENSHIFT_KUBE_OFFSET}, "
+                        f"the CSV's minKubeVersion is {csv['spec']['minKubeVersion']}")
+    if problems:
+        sys.exit("bundle annotations:\n  " + "\n  ".join(problems))
+    print(f"ok bundle annotations: channel {default} = maturity {maturity}, OpenShift {versions} = Kubernetes {csv['spec']['minKubeVersion']}")
+
+
 def main():
     cmd, args = sys.argv[1], sys.argv[2:]
     {"rules-file": rules_file, "dashboard-rules": dashboard_rules, "alm-examples": alm_examples,
      "same-rbac": same_rbac, "no-cluster-rbac": no_cluster_rbac,
      "crd-for-objects": crd_for_objects, "all-in-namespace": all_in_namespace,
      "same-crds": same_crds, "pod-ids": pod_ids, "no-kind": no_kind,
-     "catalog-properties": catalog_properties,
+     "catalog-properties": catalog_properties, "released": released,
+     "bundle-annotations": bundle_annotations, "olm-monitoring": olm_monitoring,
      "kube-prometheus-stack": kube_prometheus_stack, "pod-monitor-namespace": pod_monitor_namespace,
      "nginx-metrics-image": nginx_metrics_image}[cmd](*args)
 

@@ -251,7 +251,9 @@ olm="$shared/olm-schemas"
   bundle/manifests/cdn-operator.clusterserviceversion.yaml
 "$py" "$shared/tools/crd_validate.py" "$olm/operators.coreos.com_catalogsources.yaml" olm/examples/catalog_source.yaml
 "$py" "$shared/tools/crd_validate.py" "$olm/operators.coreos.com_operatorgroups.yaml" olm/examples/operator_group*.yaml
-"$py" "$shared/tools/crd_validate.py" "$olm/operators.coreos.com_subscriptions.yaml" olm/examples/subscription.yaml
+"$py" "$shared/tools/crd_validate.py" "$olm/operators.coreos.com_subscriptions.yaml" olm/examples/subscription*.yaml
+# Channels named after the CSV's maturity everywhere; com.redhat.openshift.versions runs minKubeVersion.
+"$py" scripts/artifact_checks.py bundle-annotations
 "$py" scripts/artifact_checks.py alm-examples bundle/manifests/cdn-operator.clusterserviceversion.yaml "$work/alm-examples.yaml"
 # The catalog's bundle properties (olm.csv.metadata, olm.gvk, olm.package) are what opm renders.
 "$py" scripts/artifact_checks.py catalog-properties
@@ -260,6 +262,49 @@ kubernetes-validate --strict --quiet bundle/manifests/cdn-operator-metrics.servi
   bundle/manifests/cdn-operator.poddisruptionbudget.yaml
 kubernetes-validate --strict --quiet --no-warn -k 1.29.0 bundle/manifests/cdn-operator-metrics.service.yaml \
   bundle/manifests/cdn-operator.poddisruptionbudget.yaml
+# A release as the release workflow makes it (docs/upgrading.md): scripts/bundle_release.py on a
+# copy of bundle/ and olm/, for a 0.2.0 with fake digests; then every check of a release.
+rel="$work/release"
+mkdir -p "$rel"
+cp -r bundle olm "$rel/"
+fake() { printf 'sha256:%064d' "$1"; }
+"$py" scripts/bundle_release.py --root "$rel" bundle 0.2.0 --image cdn-operator=ghcr.io/anevia/cdn-operator@"$(fake 1)" \
+  --image nginx=docker.io/nginxinc/nginx-unprivileged@"$(fake 2)"
+"$py" scripts/bundle_release.py --root "$rel" catalog 0.2.0 --bundle-image ghcr.io/anevia/cdn-operator-bundle@"$(fake 3)"
+"$py" "$shared/tools/crd_validate.py" "$olm/operators.coreos.com_clusterserviceversions.yaml" \
+  "$rel/bundle/manifests/cdn-operator.clusterserviceversion.yaml"
+"$py" scripts/artifact_checks.py released "$rel" 0.2.0 0.1.0
+(cd "$rel" && "$py" "$repo/scripts/artifact_checks.py" bundle-annotations)
+# What it refuses, writing nothing: a tag instead of a digest, an image missing, no newer version.
+mkdir -p "$work/refused-release" && cp -r bundle olm "$work/refused-release/"
+for bad in "0.2.0 --image cdn-operator=ghcr.io/anevia/cdn-operator:0.2.0 --image nginx=docker.io/nginxinc/nginx-unprivileged@$(fake 2)" \
+  "0.2.0 --image cdn-operator=ghcr.io/anevia/cdn-operator@$(fake 1)" \
+  "0.1.0 --image cdn-operator=ghcr.io/anevia/cdn-operator@$(fake 1) --image nginx=docker.io/nginxinc/nginx-unprivileged@$(fake 2)"; do
+  # shellcheck disable=SC2086 # the arguments are words
+  if "$py" scripts/bundle_release.py --root "$work/refused-release" bundle $bad 2>"$work/refused.err"; then
+    echo "bundle_release.py accepted: bundle $bad"; exit 1
+  fi
+  grep -q '^bundle_release: ' "$work/refused.err" || { cat "$work/refused.err"; exit 1; }
+  diff -r bundle "$work/refused-release/bundle" >/dev/null || { echo "bundle_release.py wrote on: bundle $bad"; exit 1; }
+done
+if "$py" scripts/bundle_release.py --root "$work/refused-release" catalog 0.1.0 --bundle-image x@"$(fake 3)" 2>/dev/null; then
+  echo "bundle_release.py added the bundle of bundle/ to the catalog twice"; exit 1
+fi
+diff -r olm "$work/refused-release/olm" >/dev/null || { echo "bundle_release.py wrote a refused catalog"; exit 1; }
+echo "ok bundle_release.py refuses tags, missing images, versions not after the previous one, a bundle twice"
+# Monitoring of OLM installs (not in the bundle): both variants, and in another namespace.
+for variant in prometheus-operator openshift; do
+  kubectl kustomize "olm/monitoring/$variant" >"$work/olm-monitoring-$variant.yaml"
+  kubernetes-validate --strict --quiet "$work/olm-monitoring-$variant.yaml"
+  kubernetes-validate --strict --quiet --no-warn -k 1.29.0 "$work/olm-monitoring-$variant.yaml"
+  "$py" scripts/artifact_checks.py olm-monitoring cdn-operator "$work/olm-monitoring-$variant.yaml" "$variant"
+  "$py" scripts/artifact_checks.py kube-prometheus-stack "$work/olm-monitoring-$variant.yaml"
+done
+# Another namespace is set in the directory applied (docs/install.md): serverName follows it.
+cp -r olm "$work/olm-team-c"
+sed -i 's/^namespace: cdn-operator$/namespace: team-c/' "$work/olm-team-c/monitoring/openshift/kustomization.yaml"
+kubectl kustomize "$work/olm-team-c/monitoring/openshift" >"$work/olm-monitoring-team-c.yaml"
+"$py" scripts/artifact_checks.py olm-monitoring team-c "$work/olm-monitoring-team-c.yaml" openshift
 for crd in bundle/manifests/*_*.yaml; do
   "$py" scripts/artifact_checks.py crd-for-objects "$crd" "$work/crd.yaml"
   "$py" "$shared/tools/crd_validate.py" "$work/crd.yaml" "$work/alm-examples.yaml" "$shared"/seed-examples/*.yaml \

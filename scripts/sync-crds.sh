@@ -3,9 +3,11 @@
 # from src/api/): one file per CRD, named <group>_<plural>.yaml as OLM bundles expect, into
 #   kustomize/base/crds/, helm/cdn-operator/files/crds/ and bundle/manifests/.
 # It also copies the Grafana dashboards and the PrometheusRule of kustomize/components/ into the
-# Helm chart's files/ (Helm cannot read outside its chart), and the metrics Service,
-# PodDisruptionBudget, ServiceMonitor and PrometheusRule into bundle/manifests/ (OLM installs
-# bundle objects of these kinds as they are), then regenerates the catalog's bundle properties.
+# Helm chart's files/ (Helm cannot read outside its chart), the metrics Service (with OpenShift's
+# serving-certificate annotation) and PodDisruptionBudget into bundle/manifests/ (OLM installs
+# bundle objects of these kinds as they are), the PrometheusRule into olm/monitoring/ (not in the
+# bundle: OLM fails an install whose kinds the cluster lacks) with the PodMonitor, then regenerates the catalog's
+# bundle properties.
 # tests/shipped_artifacts.rs fails when any copy differs from its source; run this to fix it.
 # usage: scripts/sync-crds.sh [path/to/cdn-operator]   (default: cargo run)
 set -euo pipefail
@@ -43,9 +45,14 @@ cp kustomize/components/grafana-dashboards/cdn-operator.json kustomize/component
   helm/cdn-operator/files/dashboards/
 cp kustomize/components/prometheus/prometheus_rule.yaml helm/cdn-operator/files/
 echo "synced the dashboards and the PrometheusRule into helm/cdn-operator/files/"
-cp kustomize/base/metrics_service.yaml bundle/manifests/cdn-operator-metrics.service.yaml
+# The annotation goes first in metadata (tests/shipped_artifacts.rs expects exactly this text).
+sed '0,/^  labels:$/s//  annotations:\
+    # OpenShift'"'"'s service CA writes a certificate for this Service into this Secret (inert\
+    # elsewhere); olm\/monitoring\/openshift scrapes with it (docs\/install.md, OLM).\
+    service.beta.openshift.io\/serving-cert-secret-name: cdn-operator-metrics-cert\
+  labels:/' kustomize/base/metrics_service.yaml >bundle/manifests/cdn-operator-metrics.service.yaml
 cp kustomize/base/pod_disruption_budget.yaml bundle/manifests/cdn-operator.poddisruptionbudget.yaml
-cp kustomize/components/prometheus/service_monitor.yaml bundle/manifests/cdn-operator.servicemonitor.yaml
-cp kustomize/components/prometheus/prometheus_rule.yaml bundle/manifests/cdn-operator.prometheusrule.yaml
-echo "synced the metrics Service, PodDisruptionBudget, ServiceMonitor and PrometheusRule into bundle/manifests/"
+cp kustomize/components/prometheus/prometheus_rule.yaml kustomize/components/prometheus/pod_monitor.yaml \
+  olm/monitoring/prometheus-operator/
+echo "synced the metrics Service and PodDisruptionBudget into bundle/manifests/, the PrometheusRule and PodMonitor into olm/monitoring/"
 "${PYTHON:-python3}" scripts/artifact_checks.py catalog-properties --write
