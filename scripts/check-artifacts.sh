@@ -201,6 +201,11 @@ refused 'leaderElection.enabled does not match: true' --set replicaCount=2 --set
 refused 'serviceAccount.name: String length must be greater than or equal to 1' --set serviceAccount.create=false
 refused 'managedPods.runAsUser: Must be greater than or equal to 1' --set managedPods.runAsUser=0
 refused 'cdnMetrics.podMonitor.enabled does not match: false' --set cdnMetrics.enabled=false --set cdnMetrics.podMonitor.enabled=true
+# The operator exports OTLP over HTTP (4318) only: no example points it at gRPC's 4317.
+if grep -rnE 'https?://[^ ]*:4317' README.md docs argocd helm tests/helm; then
+  echo "an OTLP example uses port 4317 (gRPC); the operator speaks OTLP/HTTP, port 4318"; exit 1
+fi
+echo "ok OTLP examples use port 4318"
 # RELATED_IMAGE_NGINX_METRICS: the operator's image (tag or digest), a pinned one, or none.
 "$py" scripts/artifact_checks.py nginx-metrics-image same "$work/helm-default.yaml" "$work/helm-single-replica.yaml" \
   "$work/helm-single-namespace.yaml" bundle/manifests/cdn-operator.clusterserviceversion.yaml
