@@ -27,6 +27,9 @@
                                                bundle's metrics Service, which the Subscription example mounts
   bundle-annotations                           channels agree with the CSV's maturity, and
                                                com.redhat.openshift.versions with its minKubeVersion
+  helm-values VALUES.yaml RENDERED.yaml        the chart's conventions (commonLabels, namespaceOverride,
+                                               global.imageRegistry, probes, spread, monitoring...) set
+                                               in VALUES are in the output
 """
 import json
 import os
@@ -532,6 +535,110 @@ def bundle_annotations():
     print(f"ok bundle annotations: channel {default} = maturity {maturity}, OpenShift {versions} = Kubernetes {csv['spec']['minKubeVersion']}")
 
 
+def helm_values(values_path, path):
+    # Each convention of tests/helm/values-all-features.yaml, as the objects carry it.
+    with open(values_path) as f:
+        v = yaml.safe_load(f)
+    objs = docs(path)
+    bad = []
+
+    def one(kind, name_suffix=""):
+        found = [o for o in objs if o["kind"] == kind and o["metadata"]["name"].endswith(name_suffix)]
+        if len(found) != 1:
+            bad.append(f"{len(found)} {kind} *{name_suffix} (want 1)")
+            return {"metadata": {}, "spec": {}}
+        return found[0]
+
+    def want(what, got, expected):
+        if got != expected:
+            bad.append(f"{what}: {got!r}, want {expected!r}")
+
+    for o in objs:
+        labels = o["metadata"].get("labels") or {}
+        if o["metadata"]["name"].endswith(("-extra", "-extra-string")):
+            # The user's objects, rendered through tpl, carry the user's labels.
+            if "{{" in yaml.safe_dump(o):
+                bad.append(f"{o['kind']}/{o['metadata']['name']}: an unrendered template")
+            continue
+        for k, val in (v.get("commonLabels") or {}).items():
+            want(f"{o['kind']}/{o['metadata']['name']} label {k}", labels.get(k), val)
+    ns = v.get("namespaceOverride")
+    deploy = one("Deployment")
+    pod = deploy["spec"].get("template", {}).get("spec", {})
+    if ns:
+        for kind in ("Deployment", "Service", "PodDisruptionBudget", "NetworkPolicy"):
+            want(f"{kind} namespace", one(kind)["metadata"].get("namespace"), ns)
+        for o in objs:
+            for s in o.get("subjects", []):
+                if s["kind"] == "ServiceAccount" and s["name"] == pod.get("serviceAccountName"):
+                    want(f"{o['kind']}/{o['metadata']['name']} subject namespace", s.get("namespace"), ns)
+    for k, val in (v.get("deploymentAnnotations") or {}).items():
+        want(f"Deployment annotation {k}", deploy["metadata"].get("annotations", {}).get(k), val)
+    if v.get("strategy"):
+        want("Deployment strategy", deploy["spec"].get("strategy"), v["strategy"])
+    if "revisionHistoryLimit" in v:
+        want("Deployment revisionHistoryLimit", deploy["spec"].get("revisionHistoryLimit"), v["revisionHistoryLimit"])
+    want("pod automountServiceAccountToken", pod.get("automountServiceAccountToken"), True)
+    selector = {"matchLabels": {**deploy["spec"].get("selector", {}).get("matchLabels", {})}}
+    # None set: the replicas on different nodes where they can be.
+    constraints = v.get("topologySpreadConstraints") or [
+        {"maxSkew": 1, "topologyKey": "kubernetes.io/hostname", "whenUnsatisfiable": "ScheduleAnyway"}]
+    expected = [c if "labelSelector" in c else {**c, "labelSelector": selector} for c in constraints]
+    want("topologySpreadConstraints", pod.get("topologySpreadConstraints"), expected)
+    containers = {c["name"]: c for c in pod.get("containers", [])}
+    operator = containers.get("operator", {})
+    registry = (v.get("global") or {}).get("imageRegistry")
+    if registry:
+        for name, spec in [p for o in objs for p in pod_specs(o)]:
+            for c in spec["containers"]:
+                if not c["image"].startswith(registry + "/"):
+                    bad.append(f"{name} {c['name']}: image {c['image']} not from global.imageRegistry {registry}")
+        want("operator image", operator.get("image", "").split("@")[0].split(":")[0], f"{registry}/{v['image']['repository']}")
+    for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
+        if probe not in v:
+            continue
+        got = operator.get(probe)
+        if not v[probe]["enabled"]:
+            want(probe, got, None)
+            continue
+        timings = {k: x for k, x in v[probe].items() if k != "enabled"}
+        want(f"{probe} timings", {k: (got or {}).get(k) for k in timings}, timings)
+        if not (got or {}).get("httpGet"):
+            bad.append(f"{probe}: no httpGet handler")
+    pdb_values = v.get("podDisruptionBudget") or {}
+    if pdb_values.get("enabled"):
+        pdb = one("PodDisruptionBudget")["spec"]
+        for k in ("minAvailable", "maxUnavailable"):
+            want(f"PodDisruptionBudget {k}", pdb.get(k), pdb_values.get(k, 1 if k == "maxUnavailable" and "minAvailable" not in pdb_values else None))
+    for sa in (o for o in objs if o["kind"] == "ServiceAccount"):
+        want("ServiceAccount automountServiceAccountToken", sa.get("automountServiceAccountToken"),
+             (v.get("serviceAccount") or {}).get("automountServiceAccountToken", True))
+    sm_values = (v.get("metrics") or {}).get("serviceMonitor") or {}
+    if sm_values.get("enabled"):
+        sm = one("ServiceMonitor")
+        release_ns = deploy["metadata"].get("namespace")
+        if sm_values.get("namespace"):
+            want("ServiceMonitor namespace", sm["metadata"].get("namespace"), sm_values["namespace"])
+            if sm_values["namespace"] != release_ns:
+                want("ServiceMonitor namespaceSelector", sm["spec"].get("namespaceSelector"), {"matchNames": [release_ns]})
+        (endpoint,) = sm["spec"].get("endpoints") or [{}]
+        for k in ("scrapeTimeout", "relabelings", "metricRelabelings"):
+            if sm_values.get(k):
+                want(f"ServiceMonitor endpoint {k}", endpoint.get(k), sm_values[k])
+    rule_values = v.get("prometheusRule") or {}
+    if rule_values.get("enabled"):
+        rule = one("PrometheusRule")
+        if rule_values.get("namespace"):
+            want("PrometheusRule namespace", rule["metadata"].get("namespace"), rule_values["namespace"])
+        if rule_values.get("additionalRules"):
+            want("PrometheusRule additional rules", rule["spec"]["groups"][-1]["rules"], rule_values["additionalRules"])
+    extra = [o for o in objs if o["metadata"]["name"].endswith(("-extra", "-extra-string"))]
+    want("extraObjects rendered", len(extra), len(v.get("extraObjects") or []))
+    if bad:
+        sys.exit(f"{path}: " + "; ".join(bad))
+    print(f"{path}: every chart convention of {values_path} rendered")
+
+
 def main():
     cmd, args = sys.argv[1], sys.argv[2:]
     {"rules-file": rules_file, "dashboard-rules": dashboard_rules, "alm-examples": alm_examples,
@@ -541,7 +648,7 @@ def main():
      "catalog-properties": catalog_properties, "released": released,
      "bundle-annotations": bundle_annotations, "olm-monitoring": olm_monitoring,
      "kube-prometheus-stack": kube_prometheus_stack, "pod-monitor-namespace": pod_monitor_namespace,
-     "nginx-metrics-image": nginx_metrics_image}[cmd](*args)
+     "nginx-metrics-image": nginx_metrics_image, "helm-values": helm_values}[cmd](*args)
 
 
 if __name__ == "__main__":

@@ -179,7 +179,10 @@ for v in "${variants[@]}"; do
   set -- ${v#*:}
   helm template cdn-operator "$work/notes-chart" --namespace cdn-operator "$@" \
     --show-only templates/notes-check.yaml >"$work/notes.yaml"
-  grep -q 'is installed in namespace cdn-operator' "$work/notes.yaml" || { cat "$work/notes.yaml"; exit 1; }
+  # all-features moves the objects to namespaceOverride; `helm test` stays in the release's.
+  ns=cdn-operator; [ "${v%%:*}" = all-features ] && ns=cdn-system
+  grep -q "is installed in namespace $ns" "$work/notes.yaml" || { cat "$work/notes.yaml"; exit 1; }
+  grep -q 'helm test cdn-operator -n cdn-operator ' "$work/notes.yaml" || { cat "$work/notes.yaml"; exit 1; }
 done
 echo "ok NOTES.txt renders"
 if helm lint "$chart" -f tests/helm/values-invalid.yaml >/dev/null 2>&1; then
@@ -201,6 +204,26 @@ refused 'leaderElection.enabled does not match: true' --set replicaCount=2 --set
 refused 'serviceAccount.name: String length must be greater than or equal to 1' --set serviceAccount.create=false
 refused 'managedPods.runAsUser: Must be greater than or equal to 1' --set managedPods.runAsUser=0
 refused 'cdnMetrics.podMonitor.enabled does not match: false' --set cdnMetrics.enabled=false --set cdnMetrics.podMonitor.enabled=true
+refused 'podDisruptionBudget.maxUnavailable: podDisruptionBudget.maxUnavailable must be one of the following: "unset: minAvailable is set' \
+  --set podDisruptionBudget.minAvailable=1 --set podDisruptionBudget.maxUnavailable=1
+# The conventions' values stay strict on types and typos.
+refused 'commonLabels.team: Invalid type. Expected: string, given: integer' --set commonLabels.team=1
+refused 'revisionHistoryLimit: Invalid type. Expected: integer, given: string' --set revisionHistoryLimit=many
+refused 'strategy.type: strategy.type must be one of the following' --set strategy.type=Sideways
+refused 'livenessProbe: Additional property perodSeconds is not allowed' --set livenessProbe.perodSeconds=5
+refused 'topologySpreadConstraints.0: topologyKey is required' --set 'topologySpreadConstraints[0].maxSkew=1' \
+  --set 'topologySpreadConstraints[0].whenUnsatisfiable=DoNotSchedule'
+refused 'metrics.serviceMonitor.scrapeTimeout: Does not match pattern' --set metrics.serviceMonitor.scrapeTimeout=10x
+refused 'global.imageRegistry: Does not match pattern' --set global.imageRegistry=https://registry.example.com
+refused 'prometheusRule.additionalRules.0: Must validate one and only one schema (oneOf)' \
+  --set 'prometheusRule.additionalRules[0].expr=up == 0'
+# Every convention set in tests/helm/values-all-features.yaml is in the output; the defaults
+# (values.yaml) render as before (hostname spread, maxUnavailable 1, the token mounted).
+"$py" scripts/artifact_checks.py helm-values tests/helm/values-all-features.yaml "$work/helm-all-features.yaml"
+"$py" scripts/artifact_checks.py helm-values "$chart/values.yaml" "$work/helm-default.yaml"
+helm template cdn-operator "$chart" --namespace cdn-operator -f tests/helm/values-all-features.yaml \
+  --set serviceAccount.create=true >"$work/helm-all-features-sa.yaml"
+"$py" scripts/artifact_checks.py helm-values tests/helm/values-all-features.yaml "$work/helm-all-features-sa.yaml"
 # The operator exports OTLP over HTTP (4318) only: no example points it at gRPC's 4317.
 if grep -rnE 'https?://[^ ]*:4317' README.md docs argocd helm tests/helm; then
   echo "an OTLP example uses port 4317 (gRPC); the operator speaks OTLP/HTTP, port 4318"; exit 1

@@ -636,8 +636,14 @@ fn versions_and_images_agree_across_installers() {
     let chart = yaml("helm/cdn-operator/Chart.yaml");
     assert_eq!(str_at(&chart, "/appVersion"), version);
     let values = yaml("helm/cdn-operator/values.yaml");
+    // The chart composes <registry>/<repository> (global.imageRegistry replaces the registry).
     assert_eq!(
-        format!("{}:{}", str_at(&values, "/image/repository"), version),
+        format!(
+            "{}/{}:{}",
+            str_at(&values, "/image/registry"),
+            str_at(&values, "/image/repository"),
+            version
+        ),
         kustomize_image()
     );
     assert_eq!(
