@@ -30,6 +30,9 @@
   helm-values VALUES.yaml RENDERED.yaml        the chart's conventions (commonLabels, namespaceOverride,
                                                global.imageRegistry, probes, spread, monitoring...) set
                                                in VALUES are in the output
+  chart-annotations CHART.yaml RENDERED.yaml CSV.yaml
+                                               Artifact Hub's annotations parse as Artifact Hub reads them
+                                               and agree with the default render, the CRDs and the CSV
 """
 import json
 import os
@@ -639,6 +642,70 @@ def helm_values(values_path, path):
     print(f"{path}: every chart convention of {values_path} rendered")
 
 
+# Artifact Hub's Helm annotations (internal/tracker/source/helm: EnrichPackageFromAnnotations).
+AH = "artifacthub.io/"
+AH_CHANGE_KINDS = {"added", "changed", "deprecated", "removed", "fixed", "security"}
+AH_CAPABILITIES = {"basic install", "seamless upgrades", "full lifecycle", "deep insights", "auto pilot"}
+AH_KNOWN = {"alternativeName", "category", "changes", "containsSecurityUpdates", "crds", "crdsExamples",
+            "images", "license", "links", "maintainers", "operator", "operatorCapabilities", "prerelease",
+            "recommendations", "screenshots", "signKey"}
+
+
+def chart_annotations(chart_path, rendered, csv_path):
+    with open(chart_path) as f:
+        chart = yaml.safe_load(f)
+    a = chart.get("annotations") or {}
+    bad = []
+
+    def yaml_list(key, required):
+        try:
+            items = yaml.safe_load(a[AH + key])
+        except (KeyError, yaml.YAMLError) as e:
+            bad.append(f"{AH}{key}: {e!r}")
+            return []
+        if not isinstance(items, list) or not all(isinstance(i, dict) and all(i.get(r) for r in required) for i in items):
+            bad.append(f"{AH}{key}: not a list of objects with {required}")
+            return []
+        return items
+
+    unknown = {k for k in a if k.startswith(AH) and k[len(AH):] not in AH_KNOWN}
+    if unknown:
+        bad.append(f"unknown Artifact Hub annotations {sorted(unknown)}")
+    for key in ("operator", "prerelease", "containsSecurityUpdates"):
+        if a.get(AH + key) not in ("true", "false"):
+            bad.append(f"{AH}{key} is {a.get(AH + key)!r}, want the string true or false")
+    if a.get(AH + "prerelease") != str("-" in chart["version"]).lower():
+        bad.append(f"{AH}prerelease {a.get(AH + 'prerelease')} for version {chart['version']}")
+    (csv,) = docs(csv_path)
+    capability = a.get(AH + "operatorCapabilities", "")
+    if capability.lower() not in AH_CAPABILITIES or capability != csv["metadata"]["annotations"].get("capabilities"):
+        bad.append(f"{AH}operatorCapabilities {capability!r}: not the CSV's {csv['metadata']['annotations'].get('capabilities')!r}")
+    if a.get(AH + "license") != "Apache-2.0":
+        bad.append(f"{AH}license is {a.get(AH + 'license')!r}")
+    for change in yaml_list("changes", ["description"]):
+        if change.get("kind", "changed") not in AH_CHANGE_KINDS:
+            bad.append(f"{AH}changes: kind {change['kind']!r} not one of {sorted(AH_CHANGE_KINDS)}")
+    for link in yaml_list("links", ["name", "url"]):
+        if not link["url"].startswith("https://"):
+            bad.append(f"{AH}links: {link['url']} is not https")
+    if not str(chart.get("icon", "")).startswith("https://"):
+        bad.append(f"icon {chart.get('icon')!r} is not an https URL")
+    objs = docs(rendered)
+    # The images Artifact Hub scans are the images the chart runs by default.
+    images = sorted(i["image"] for i in yaml_list("images", ["name", "image"]))
+    used = sorted({c["image"] for o in objs for _, spec in pod_specs(o) for c in spec["containers"]})
+    if images != used:
+        bad.append(f"{AH}images {images}, the default render runs {used}")
+    crds = sorted((c["kind"], c["version"], c["name"]) for c in yaml_list("crds", ["kind", "version", "name", "description"]))
+    served = sorted((o["spec"]["names"]["kind"], ver["name"], o["metadata"]["name"])
+                    for o in objs if o["kind"] == "CustomResourceDefinition" for ver in o["spec"]["versions"] if ver.get("storage"))
+    if crds != served:
+        bad.append(f"{AH}crds {crds}, the chart's CRDs {served}")
+    if bad:
+        sys.exit(f"{chart_path}: " + "; ".join(bad))
+    print(f"{chart_path}: Artifact Hub annotations parse and agree with the chart, its images, CRDs and the CSV")
+
+
 def main():
     cmd, args = sys.argv[1], sys.argv[2:]
     {"rules-file": rules_file, "dashboard-rules": dashboard_rules, "alm-examples": alm_examples,
@@ -648,7 +715,8 @@ def main():
      "catalog-properties": catalog_properties, "released": released,
      "bundle-annotations": bundle_annotations, "olm-monitoring": olm_monitoring,
      "kube-prometheus-stack": kube_prometheus_stack, "pod-monitor-namespace": pod_monitor_namespace,
-     "nginx-metrics-image": nginx_metrics_image, "helm-values": helm_values}[cmd](*args)
+     "nginx-metrics-image": nginx_metrics_image, "helm-values": helm_values,
+     "chart-annotations": chart_annotations}[cmd](*args)
 
 
 if __name__ == "__main__":

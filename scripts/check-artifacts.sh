@@ -224,6 +224,8 @@ refused 'prometheusRule.additionalRules.0: Must validate one and only one schema
 helm template cdn-operator "$chart" --namespace cdn-operator -f tests/helm/values-all-features.yaml \
   --set serviceAccount.create=true >"$work/helm-all-features-sa.yaml"
 "$py" scripts/artifact_checks.py helm-values tests/helm/values-all-features.yaml "$work/helm-all-features-sa.yaml"
+"$py" scripts/artifact_checks.py chart-annotations "$chart/Chart.yaml" "$work/helm-default.yaml" \
+  bundle/manifests/cdn-operator.clusterserviceversion.yaml
 # The operator exports OTLP over HTTP (4318) only: no example points it at gRPC's 4317.
 if grep -rnE 'https?://[^ ]*:4317' README.md docs argocd helm tests/helm; then
   echo "an OTLP example uses port 4317 (gRPC); the operator speaks OTLP/HTTP, port 4318"; exit 1
