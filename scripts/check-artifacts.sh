@@ -203,6 +203,13 @@ refused() { # MESSAGE HELM-ARGS...: helm lint and helm template both fail, sayin
 refused 'leaderElection.enabled does not match: true' --set replicaCount=2 --set leaderElection.enabled=false
 refused 'serviceAccount.name: String length must be greater than or equal to 1' --set serviceAccount.create=false
 refused 'managedPods.runAsUser: Must be greater than or equal to 1' --set managedPods.runAsUser=0
+refused 'managedPods.image: Does not match pattern' --set 'managedPods.image=nginx unprivileged'
+# managedPods.image is the operator's --nginx-image (RELATED_IMAGE_NGINX), as written; none by default.
+grep -A1 -- '- name: RELATED_IMAGE_NGINX$' "$work/helm-all-features.yaml" | grep -q 'mirror/nginx-unprivileged@sha256:' \
+  || { echo "helm all-features: no RELATED_IMAGE_NGINX from managedPods.image"; exit 1; }
+if grep -q -- '- name: RELATED_IMAGE_NGINX$' "$work/helm-default.yaml"; then
+  echo "helm default: RELATED_IMAGE_NGINX set although managedPods.image is empty"; exit 1
+fi
 refused 'cdnMetrics.podMonitor.enabled does not match: false' --set cdnMetrics.enabled=false --set cdnMetrics.podMonitor.enabled=true
 refused 'podDisruptionBudget.maxUnavailable: podDisruptionBudget.maxUnavailable must be one of the following: "unset: minAvailable is set' \
   --set podDisruptionBudget.minAvailable=1 --set podDisruptionBudget.maxUnavailable=1

@@ -60,6 +60,7 @@ impl Harness {
             ats: at_store,
             pods: pod_store,
             clock: clock.clone(),
+            default_image: cdn_operator::at::build::DEFAULT_IMAGE.into(),
         });
         let mut harness = Harness {
             fake,
@@ -716,7 +717,7 @@ async fn a_pod_name_taken_by_another_pod_is_waited_for() {
 fn a_pod_event_reconciles_its_at() {
     let mut at: At = serde_json::from_value(at_value("x", PAST)).unwrap();
     at.metadata.uid = Some("uid-x".into());
-    let pod = build::pod(&at, &Default::default());
+    let pod = build::pod(&at, &Default::default(), build::DEFAULT_IMAGE);
     assert_eq!(at::owners(pod.clone()), [ObjectRef::new("x").within(NS)]);
     let mut unlabelled = pod;
     unlabelled.metadata.labels = None;

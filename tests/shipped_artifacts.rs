@@ -460,6 +460,22 @@ fn csv_deployment_is_the_kustomize_deployment_with_olm_namespaces() {
         related.contains(&cdn_operator::cdncluster::build::DEFAULT_IMAGE),
         "relatedImages lacks the default nginx image"
     );
+    // The nginx pods' default image, which a release pins by digest: the operator takes it from
+    // the env (a mirror serves the digest of relatedImages, not the tag compiled in).
+    assert!(
+        csv["spec"]["relatedImages"].as_array().unwrap().contains(
+            &json!({"name": "nginx", "image": cdn_operator::cdncluster::build::DEFAULT_IMAGE})
+        ),
+        "relatedImages lacks nginx"
+    );
+    assert_eq!(
+        env_value(
+            &deployments[0]["spec"]["template"]["spec"],
+            "RELATED_IMAGE_NGINX"
+        ),
+        Some(&json!(cdn_operator::cdncluster::build::DEFAULT_IMAGE)),
+        "the CSV's RELATED_IMAGE_NGINX"
+    );
     // The metrics sidecar's image, by the name OLM's convention derives from the env.
     assert!(
         csv["spec"]["relatedImages"]
@@ -564,8 +580,9 @@ fn the_pod_monitor_scrapes_the_metrics_port_of_every_nginx_pod() {
         json!([{"port": "metrics", "path": "/metrics", "interval": "30s"}])
     );
     // ... which every pod the operator builds serves: its sidecar's port of that name.
-    let sidecar = build::MetricsSidecar {
-        image: Some("cdn-operator".into()),
+    let sidecar = build::PodImages {
+        metrics: Some("cdn-operator".into()),
+        ..Default::default()
     };
     for role in [Role::Balancer, Role::Cache] {
         let cluster = CdnCluster::new("edge", CdnClusterSpec::new(role, vec![]));

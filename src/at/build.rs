@@ -52,8 +52,9 @@ pub fn labels(at_name: &str) -> BTreeMap<String, String> {
 /// At (deleted with it), held by [`FINALIZER`], with nothing beyond what a shell command needs: no
 /// service account token, no host namespaces, no privilege, non-root, read-only root filesystem
 /// (with a writable `/tmp`), all capabilities dropped, the runtime's default seccomp profile; the
-/// user and groups `run_as` pins (none by default).
-pub fn pod(at: &At, run_as: &RunAs) -> Pod {
+/// user and groups `run_as` pins (none by default). `default_image` runs the command when the At
+/// names no image.
+pub fn pod(at: &At, run_as: &RunAs, default_image: &str) -> Pod {
     let name = at.name_any();
     let container = Container {
         name: CONTAINER.into(),
@@ -61,7 +62,7 @@ pub fn pod(at: &At, run_as: &RunAs) -> Pod {
             at.spec
                 .image
                 .clone()
-                .unwrap_or_else(|| DEFAULT_IMAGE.into()),
+                .unwrap_or_else(|| default_image.into()),
         ),
         command: Some(vec!["/bin/sh".into(), "-c".into(), at.spec.command.clone()]),
         security_context: Some(crate::kubernetes::restricted::container()),
@@ -136,7 +137,7 @@ mod tests {
 
     #[test]
     fn name_labels_and_owner() {
-        let pod = pod(&at("echo YAY", None), &RunAs::default());
+        let pod = pod(&at("echo YAY", None), &RunAs::default(), DEFAULT_IMAGE);
         assert_eq!(pod.name_any(), "example-at-pod");
         assert_eq!(pod.namespace().as_deref(), Some("ns"));
         assert_eq!(
@@ -168,7 +169,7 @@ mod tests {
     #[test]
     fn the_command_runs_in_a_shell_once() {
         let command = r#"echo "a  b" | tr a-z A-Z; exit 3"#;
-        let pod = pod(&at(command, None), &RunAs::default());
+        let pod = pod(&at(command, None), &RunAs::default(), DEFAULT_IMAGE);
         let spec = pod.spec.unwrap();
         assert_eq!(spec.restart_policy.as_deref(), Some("Never"));
         let c = &spec.containers[0];
@@ -183,14 +184,21 @@ mod tests {
 
     #[test]
     fn the_image_can_be_chosen_and_the_default_is_pinned() {
-        let pod = pod(
-            &at("true", Some("registry.example/tools:1.2")),
-            &RunAs::default(),
-        );
+        let mirrored = "mirror.example/nginx@sha256:0123";
+        let image = |at: &At| {
+            pod(at, &RunAs::default(), mirrored)
+                .spec
+                .unwrap()
+                .containers[0]
+                .image
+                .clone()
+        };
         assert_eq!(
-            pod.spec.unwrap().containers[0].image.as_deref(),
+            image(&at("true", Some("registry.example/tools:1.2"))).as_deref(),
             Some("registry.example/tools:1.2")
         );
+        // None named: the operator's default (`--nginx-image`, by digest in a release).
+        assert_eq!(image(&at("true", None)).as_deref(), Some(mirrored));
         let (_, tag) = DEFAULT_IMAGE.rsplit_once(':').unwrap();
         assert!(
             tag.chars().next().unwrap().is_ascii_digit(),
@@ -200,7 +208,9 @@ mod tests {
 
     #[test]
     fn the_pod_gets_nothing_more_than_a_restricted_pod() {
-        let spec = pod(&at("id", None), &RunAs::default()).spec.unwrap();
+        let spec = pod(&at("id", None), &RunAs::default(), DEFAULT_IMAGE)
+            .spec
+            .unwrap();
         assert_eq!(spec.automount_service_account_token, Some(false));
         assert_eq!(spec.service_account_name, None);
         assert_eq!(spec.host_network, Some(false));
@@ -234,7 +244,7 @@ mod tests {
             group: Some(0),
             fs_group: Some(1_000_680_000),
         };
-        let psc = pod(&at("id", None), &run_as)
+        let psc = pod(&at("id", None), &run_as, DEFAULT_IMAGE)
             .spec
             .unwrap()
             .security_context

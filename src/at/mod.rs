@@ -70,6 +70,8 @@ pub struct Context {
     /// The pods of Ats (selected by [`build::selector`]).
     pub pods: Store<Pod>,
     pub clock: Arc<dyn Clock>,
+    /// The image of pods whose At names none (`--nginx-image`).
+    pub default_image: String,
 }
 
 impl reconcile::Context for Context {
@@ -96,6 +98,7 @@ pub fn controller(
     leadership: Leadership,
     concurrency: u16,
     run_as: RunAs,
+    default_image: String,
 ) -> (Arc<Context>, Controller<At>, Controller<Pod>) {
     let watches = Watches::default();
     // No reconcile of this controller waits for its writes to reach the caches.
@@ -156,6 +159,7 @@ pub fn controller(
         ats,
         pods,
         clock: Arc::new(SystemClock),
+        default_image,
     });
     (context, ats_controller, janitor)
 }
@@ -267,7 +271,7 @@ pub async fn reconcile(at: Arc<At>, ctx: Arc<Context>) -> Result<Action, Error> 
     match (plan.pod, pod) {
         (PodAction::Create, _) => {
             tracing::info!(%namespace, %name, "creating the pod");
-            let pod = build::pod(&at, &ctx.shared.run_as);
+            let pod = build::pod(&at, &ctx.shared.run_as, &ctx.default_image);
             let pod_name = pod.name_any();
             apply::apply_always(&pods, pod)
                 .await

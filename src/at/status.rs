@@ -413,7 +413,7 @@ mod tests {
     }
 
     fn pod(phase: &str, exit_code: Option<i32>) -> Pod {
-        let mut pod = build::pod(&at(NOW), &Default::default());
+        let mut pod = build::pod(&at(NOW), &Default::default(), build::DEFAULT_IMAGE);
         pod.status = Some(PodStatus {
             phase: Some(phase.into()),
             container_statuses: exit_code.map(|code| {

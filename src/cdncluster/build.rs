@@ -188,10 +188,23 @@ pub struct Children {
     pub ingress: Option<Ingress>,
 }
 
-/// The metrics sidecar of every CdnCluster pod (`cdn-operator nginx-metrics`), as the operator's
-/// flags set it.
-#[derive(clap::Args, Debug, Clone, Default, PartialEq, Eq)]
-pub struct MetricsSidecar {
+/// The images of the pods the operator creates, as its flags set them: nginx where a spec names
+/// none, and the metrics sidecar of every CdnCluster pod (`cdn-operator nginx-metrics`).
+/// `RELATED_IMAGE_*` are the names OLM's `relatedImages` convention gives them, so that a release
+/// pins both by digest (a mirrored, disconnected cluster pulls by digest only).
+#[derive(clap::Args, Debug, Clone, PartialEq, Eq)]
+pub struct PodImages {
+    /// The nginx image of CdnClusters and Ats whose spec names none. A new image rolls the pods
+    /// of every CdnCluster that names none.
+    #[arg(
+        long = "nginx-image",
+        env = "RELATED_IMAGE_NGINX",
+        value_name = "IMAGE",
+        default_value = DEFAULT_IMAGE,
+        value_parser = clap::builder::NonEmptyStringValueParser::new()
+    )]
+    pub nginx: String,
+
     /// The image of the metrics sidecar added to every CdnCluster pod: the operator's own (its
     /// `nginx-metrics` command). Unset or empty: no sidecar, and nginx counts nothing. A new
     /// image rolls every CdnCluster's pods.
@@ -200,34 +213,43 @@ pub struct MetricsSidecar {
         env = "RELATED_IMAGE_NGINX_METRICS",
         value_name = "IMAGE"
     )]
-    pub image: Option<String>,
+    pub metrics: Option<String>,
 }
 
-impl MetricsSidecar {
-    /// The sidecar's image, when there is one.
-    pub fn image(&self) -> Option<&str> {
-        self.image.as_deref().filter(|image| !image.is_empty())
+impl Default for PodImages {
+    fn default() -> Self {
+        PodImages {
+            nginx: DEFAULT_IMAGE.into(),
+            metrics: None,
+        }
+    }
+}
+
+impl PodImages {
+    /// The metrics sidecar's image, when there is one.
+    pub fn metrics(&self) -> Option<&str> {
+        self.metrics.as_deref().filter(|image| !image.is_empty())
     }
 }
 
 /// Builds the children of `cluster` whose sources resolved to `upstreams`, its pods running as
-/// `run_as` pins them, with the `metrics` sidecar when it has an image.
+/// `run_as` pins them, from `images` (the metrics sidecar when it has an image).
 pub fn children(
     cluster: &CdnCluster,
     upstreams: &[Upstream],
     run_as: &RunAs,
-    metrics: &MetricsSidecar,
+    images: &PodImages,
 ) -> Children {
     let name = cluster.name_any();
     let config = config(
         cluster,
         upstreams,
         &Paths::default(),
-        metrics.image().is_some(),
+        images.metrics().is_some(),
     );
     Children {
         config_map: config_map(cluster, config),
-        deployment: deployment(cluster, run_as, metrics.image()),
+        deployment: deployment(cluster, run_as, images),
         service: service(cluster, &name),
         pod_disruption_budget: pod_disruption_budget(cluster),
         ingress: ingress(cluster, &name),
@@ -648,7 +670,7 @@ fn metrics_sidecar(cluster: &CdnCluster, image: &str) -> Container {
     }
 }
 
-fn deployment(cluster: &CdnCluster, run_as: &RunAs, metrics_image: Option<&str>) -> Deployment {
+fn deployment(cluster: &CdnCluster, run_as: &RunAs, images: &PodImages) -> Deployment {
     let name = cluster.name_any();
     let deployment_name = deployment_name(&name);
     let selector = pod_selector(&name);
@@ -747,7 +769,7 @@ fn deployment(cluster: &CdnCluster, run_as: &RunAs, metrics_image: Option<&str>)
                 .spec
                 .image
                 .clone()
-                .unwrap_or_else(|| DEFAULT_IMAGE.into()),
+                .unwrap_or_else(|| images.nginx.clone()),
         ),
         command: Some(vec![
             "/bin/sh".into(),
@@ -809,7 +831,8 @@ fn deployment(cluster: &CdnCluster, run_as: &RunAs, metrics_image: Option<&str>)
                     automount_service_account_token: Some(false),
                     enable_service_links: Some(false),
                     security_context: Some(crate::kubernetes::restricted::pod(run_as)),
-                    init_containers: metrics_image
+                    init_containers: images
+                        .metrics()
                         .map(|image| vec![metrics_sidecar(cluster, image)]),
                     containers: vec![container],
                     volumes: Some(volumes),

@@ -58,8 +58,8 @@ pub struct Context {
     pub writes_visible_within: Duration,
     /// The DNS domain of the cluster, in the names of the Services the CdnClusters' nginx looks up.
     pub cluster_domain: String,
-    /// The metrics sidecar of the pods.
-    pub metrics: build::MetricsSidecar,
+    /// The pods' images: nginx's default and the metrics sidecar.
+    pub images: build::PodImages,
 }
 
 /// What the operator's flags set of every CdnCluster's children.
@@ -67,8 +67,8 @@ pub struct Context {
 pub struct Settings {
     /// The pods' user and groups.
     pub run_as: RunAs,
-    /// The pods' metrics sidecar.
-    pub metrics: build::MetricsSidecar,
+    /// The pods' images: nginx's default and the metrics sidecar.
+    pub images: build::PodImages,
     /// The DNS domain of the cluster.
     pub cluster_domain: String,
 }
@@ -151,7 +151,7 @@ pub fn controller(
         ingresses,
         writes_visible_within: cache::WRITES_VISIBLE_WITHIN,
         cluster_domain: settings.cluster_domain,
-        metrics: settings.metrics,
+        images: settings.images,
     });
     (context, controller)
 }
@@ -219,7 +219,7 @@ pub async fn reconcile(cluster: Arc<CdnCluster>, ctx: Arc<Context>) -> Result<Ac
             Observed::Problem(problem)
         }
         Ok(upstreams) => {
-            let desired = build::children(&cluster, upstreams, &ctx.shared.run_as, &ctx.metrics);
+            let desired = build::children(&cluster, upstreams, &ctx.shared.run_as, &ctx.images);
             match children::apply(&ctx, &namespace, desired, &mut written).await {
                 Ok(last_known) => {
                     (deployment, failed) = (last_known, None);

@@ -489,6 +489,31 @@ fn the_ids_a_cluster_pins_are_set_on_the_nginx_pods() {
 }
 
 #[test]
+fn nginx_runs_the_operators_default_image_unless_the_spec_names_one() {
+    // A release pins the default by digest (RELATED_IMAGE_NGINX): a mirror serves digests only.
+    let images = build::PodImages {
+        nginx: "mirror.example/nginx-unprivileged@sha256:0123".into(),
+        metrics: None,
+    };
+    let image = |c: &CdnCluster| {
+        build::children(c, &[], &RunAs::default(), &images)
+            .deployment
+            .spec
+            .unwrap()
+            .template
+            .spec
+            .unwrap()
+            .containers[0]
+            .image
+            .clone()
+    };
+    let mut c = cluster("c", Role::Cache, vec![]);
+    assert_eq!(image(&c).as_deref(), Some(images.nginx.as_str()));
+    c.spec.image = Some("registry.example/nginx:1.31".into());
+    assert_eq!(image(&c).as_deref(), Some("registry.example/nginx:1.31"));
+}
+
+#[test]
 fn pods_meet_the_restricted_pod_security_standard() {
     let c = cluster("c", Role::Cache, vec![]);
     let d = build::children(&c, &[], &RunAs::default(), &Default::default()).deployment;

@@ -4,7 +4,7 @@
 
 use super::manifests::{Index, Manifests};
 use crate::at;
-use crate::cdncluster::build::{self, Children, MetricsSidecar};
+use crate::cdncluster::build::{self, Children, PodImages};
 use crate::cdncluster::{sources, status};
 use crate::kubernetes::restricted::RunAs;
 use k8s_openapi::api::core::v1::Pod;
@@ -45,9 +45,9 @@ pub struct Args {
     #[command(flatten)]
     pub pods: RunAs,
 
-    /// The pods' metrics sidecar, as the operator's own flag sets it.
+    /// The pods' images (nginx's default, the metrics sidecar), as the operator's own flags set them.
     #[command(flatten)]
-    pub metrics: MetricsSidecar,
+    pub images: PodImages,
 
     /// The cluster's DNS domain, as the operator's own flag sets it.
     #[arg(long, default_value = sources::DEFAULT_CLUSTER_DOMAIN, value_parser = sources::parse_cluster_domain)]
@@ -66,7 +66,7 @@ pub struct Rendered {
 pub fn render(
     manifests: &Manifests,
     run_as: &RunAs,
-    metrics: &MetricsSidecar,
+    images: &PodImages,
     cluster_domain: &str,
 ) -> Result<Rendered, Vec<String>> {
     let index = Index::new(&manifests.clusters);
@@ -75,7 +75,7 @@ pub fn render(
     for cluster in &manifests.clusters {
         let namespace = cluster.namespace().unwrap_or_default();
         match sources::resolve(cluster, index.lookup(&namespace), cluster_domain) {
-            Ok(upstreams) => clusters.push(build::children(cluster, &upstreams, run_as, metrics)),
+            Ok(upstreams) => clusters.push(build::children(cluster, &upstreams, run_as, images)),
             Err(problem) => problems.push(format!(
                 "CdnCluster {namespace}/{}: {}",
                 cluster.name_any(),
@@ -87,7 +87,7 @@ pub fn render(
     for at in &manifests.ats {
         // The At controller refuses such a schedule with this message (condition Scheduled).
         match at::schedule::parse(&at.spec.schedule) {
-            Ok(_) => pods.push(at::build::pod(at, run_as)),
+            Ok(_) => pods.push(at::build::pod(at, run_as, &images.nginx)),
             Err(message) => problems.push(format!(
                 "At {}/{}: {message}",
                 at.namespace().unwrap_or_default(),
@@ -147,7 +147,7 @@ pub fn main(args: Args) -> ExitCode {
         Err(error) => return crate::fail(&error),
     };
     super::print_notes(&manifests.notes);
-    match render(&manifests, &args.pods, &args.metrics, &args.cluster_domain) {
+    match render(&manifests, &args.pods, &args.images, &args.cluster_domain) {
         Ok(rendered) if args.nginx_only => super::print_out(&rendered.nginx()),
         Ok(rendered) => super::print_out(&rendered.yaml()),
         Err(problems) => {

@@ -1,6 +1,6 @@
 //! The flags and environment of `cdn-operator run`.
 
-use crate::cdncluster::build::MetricsSidecar;
+use crate::cdncluster::build::PodImages;
 use crate::cdncluster::sources::{parse_cluster_domain, DEFAULT_CLUSTER_DOMAIN};
 use crate::kubernetes::cache::Scope;
 use crate::kubernetes::client::Kubeconfig;
@@ -125,7 +125,7 @@ pub struct Args {
     pub pods: RunAs,
 
     #[command(flatten)]
-    pub metrics: MetricsSidecar,
+    pub images: PodImages,
 }
 
 impl Args {

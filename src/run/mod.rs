@@ -178,7 +178,7 @@ pub async fn run(args: Args) -> Result<(), Error> {
         concurrency,
         cdncluster::Settings {
             run_as: args.pods.clone(),
-            metrics: args.metrics.clone(),
+            images: args.images.clone(),
             cluster_domain: args.cluster_domain(),
         },
     );
@@ -197,6 +197,7 @@ pub async fn run(args: Args) -> Result<(), Error> {
         leadership.clone(),
         concurrency,
         args.pods.clone(),
+        args.images.nginx.clone(),
     );
     register_at_gauges(&metrics, at_ctx.ats.clone(), leadership.clone());
     let ats = glue.controller(at::CONTROLLER, at_controller, at::reconcile, at_ctx.clone());

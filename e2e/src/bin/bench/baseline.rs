@@ -81,10 +81,11 @@ async fn write_as_the_operator(
     let ns = cluster.namespace().unwrap();
     // The children the operator under test makes: with its metrics sidecar when the environment
     // it inherits names the sidecar's image.
-    let metrics = build::MetricsSidecar {
-        image: std::env::var("RELATED_IMAGE_NGINX_METRICS").ok(),
+    let images = build::PodImages {
+        nginx: std::env::var("RELATED_IMAGE_NGINX").unwrap_or_else(|_| build::DEFAULT_IMAGE.into()),
+        metrics: std::env::var("RELATED_IMAGE_NGINX_METRICS").ok(),
     };
-    let kids = build::children(cluster, upstreams, &Default::default(), &metrics);
+    let kids = build::children(cluster, upstreams, &Default::default(), &images);
     let changes: Vec<ChildChange> = [
         kids.config_map.object_ref(&()),
         kids.service.object_ref(&()),
