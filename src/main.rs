@@ -37,6 +37,8 @@ enum Command {
     Crd,
     /// The sidecar of the CdnClusters' pods: count nginx's requests and serve them on /metrics.
     NginxMetrics(cdn_operator::nginx_metrics::Args),
+    /// Uninstall: release the finalizer of every At pod (the Helm chart's pre-delete hook).
+    ReleaseFinalizers(cdn_operator::cli::release_finalizers::Args),
     /// Print the version.
     Version,
 }
@@ -69,5 +71,6 @@ fn main() -> ExitCode {
         Command::Render(args) => cdn_operator::cli::render::main(args),
         Command::Graph(args) => cdn_operator::cli::graph::main(args),
         Command::NginxMetrics(args) => cdn_operator::nginx_metrics::main(args),
+        Command::ReleaseFinalizers(args) => cdn_operator::cli::release_finalizers::main(args),
     }
 }

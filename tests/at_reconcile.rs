@@ -755,3 +755,119 @@ fn the_at_crd_has_its_columns_status_subresource_and_name_rule() {
         .iter()
         .any(|r| r.rule == "self.metadata.name.size() <= 63"));
 }
+
+/// Uninstall (`cdn-operator release-finalizers`): every At pod of the scope that the operator's
+/// finalizer holds is released, whatever its At's phase and whether its At still exists; other
+/// finalizers and other pods are left alone; a pod that changed under it is released on the next
+/// list; a second run writes nothing.
+#[tokio::test]
+async fn uninstall_releases_every_held_at_pod_of_the_scope_and_nothing_else() {
+    use cdn_operator::at::uninstall;
+    use cdn_operator::kubernetes::cache::Scope;
+
+    let before = running("busy").await;
+    let at = serde_json::to_value(before.at("busy").await).unwrap();
+    let mut busy = before.pods().await.remove(0);
+    busy.finalizers_mut().push("example.com/other".into());
+    // The pod of an At deleted while no operator ran: being deleted, held.
+    let mut orphan = busy.clone();
+    orphan.metadata.name = Some("gone-pod".into());
+    orphan.metadata.finalizers = Some(vec![build::FINALIZER.into()]);
+    orphan.metadata.deletion_timestamp = Some(time("2030-01-01T00:00:42Z"));
+    // Someone else's pod with the same finalizer name: not an At pod (no labels), left alone.
+    let mut stranger = busy.clone();
+    stranger.metadata.name = Some("stranger".into());
+    stranger.metadata.labels = None;
+    // An At pod of another namespace.
+    let mut elsewhere = busy.clone();
+    elsewhere.metadata.namespace = Some("elsewhere".into());
+    let mut h = Harness::new(vec![
+        at,
+        serde_json::to_value(&busy).unwrap(),
+        serde_json::to_value(&orphan).unwrap(),
+        serde_json::to_value(&stranger).unwrap(),
+        serde_json::to_value(&elsewhere).unwrap(),
+    ])
+    .await;
+    h.clear();
+    // The first patch finds the pod changed since the list (as a kubelet's status update does).
+    h.fake
+        .refuse_next(1, "patch ? busy-pod", 409, "the pod changed");
+
+    let client = h.fake.client.clone();
+    let mut released = uninstall::release_all(&client, &Scope::Namespace(NS.into()))
+        .await
+        .expect("released");
+    released.sort();
+    assert_eq!(released, ["default/busy-pod", "default/gone-pod"]);
+    let pods = h.pods().await;
+    let finalizers = |name: &str| {
+        pods.iter()
+            .find(|p| p.name_any() == name)
+            .map(|p| p.finalizers().to_vec())
+    };
+    assert_eq!(
+        finalizers("busy-pod"),
+        Some(vec!["example.com/other".to_string()])
+    );
+    assert_eq!(finalizers("gone-pod"), None, "released, so deleted");
+    assert_eq!(
+        finalizers("stranger"),
+        Some(vec![build::FINALIZER.into(), "example.com/other".into()])
+    );
+    let other_ns: Api<Pod> = Api::namespaced(client.clone(), "elsewhere");
+    assert!(build::held(&other_ns.get("busy-pod").await.unwrap()));
+    // The At is not touched: only pods are written.
+    let writes: Vec<_> = h
+        .writes()
+        .iter()
+        .map(|w| (w.verb, w.name.clone()))
+        .collect();
+    assert_eq!(
+        writes.len(),
+        3,
+        "busy-pod twice (a conflict), gone-pod: {writes:?}"
+    );
+    assert!(writes.iter().all(|(verb, _)| *verb == "patch"));
+
+    h.clear();
+    let again = uninstall::release_all(&client, &Scope::Namespace(NS.into()))
+        .await
+        .unwrap();
+    assert!(again.is_empty() && h.writes().is_empty(), "nothing left");
+
+    let everywhere = uninstall::release_all(&client, &Scope::All).await.unwrap();
+    assert_eq!(everywhere, ["elsewhere/busy-pod"]);
+    assert!(!build::held(&other_ns.get("busy-pod").await.unwrap()));
+    h.sync().await;
+}
+
+#[tokio::test]
+async fn uninstall_fails_clearly_when_the_pods_cannot_be_released() {
+    use cdn_operator::at::uninstall;
+    use cdn_operator::kubernetes::cache::Scope;
+
+    let h = running("denied").await;
+    h.fake.refuse(
+        "patch ? denied-pod",
+        403,
+        "pods \"denied-pod\" is forbidden",
+    );
+    let error = uninstall::release_all(&h.fake.client, &Scope::Namespace(NS.into()))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "could not release the finalizer of Pod default/denied-pod: pods \"denied-pod\" is forbidden (403 Forbidden)"
+    );
+    h.fake.accept();
+    h.fake.refuse("patch ? denied-pod", 409, "the pod changed");
+    let error = uninstall::release_all(&h.fake.client, &Scope::Namespace(NS.into()))
+        .await
+        .unwrap_err();
+    assert!(
+        error.to_string().contains("still changed after 5 rounds"),
+        "{error}"
+    );
+    assert!(build::held(&h.pods().await[0]), "nothing lost");
+}

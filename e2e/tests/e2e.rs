@@ -1664,3 +1664,79 @@ async fn metrics_answer_only_tokens_the_api_server_accepts_for_users_rbac_allows
         started.elapsed()
     );
 }
+
+/// Uninstall (docs/adr/0006-no-finalizer-left-at-uninstall.md), with an At RUNNING: a restart of
+/// the operator keeps its pod's finalizer; the uninstall step (`cdn-operator release-finalizers`,
+/// the chart's pre-delete hook) releases it, and the operator, still running until it goes, does
+/// not take it back; so the At deleted afterwards, with no operator left, takes its pod along.
+#[tokio::test]
+async fn uninstall_leaves_no_pod_held_and_a_restart_keeps_the_finalizer() {
+    let Some(mut env) = Env::new("uninstall").await else {
+        return;
+    };
+    env.start_operator().await;
+    env.apply_yaml(
+        "apiVersion: cnat.programming-kubernetes.info/v1alpha1\nkind: At\nmetadata: {name: long}\n\
+         spec: {schedule: \"2019-04-12T10:12:00Z\", command: \"sleep 3600\"}\n",
+    )
+    .await
+    .expect("the At");
+    wait_phase(&env, "long", Phase::Running, WAIT).await;
+    let held = |p: &Pod| p.finalizers().iter().any(|f| f == FINALIZER);
+    eventually("pod long-pod held", WAIT, || async {
+        get::<Pod>(&env, "long-pod").await.filter(held)
+    })
+    .await;
+
+    // A restart (as a rolling update's): the finalizer stays.
+    let mut operator = env.operators.remove(0);
+    operator.terminate();
+    let exit = operator.exit_within(Duration::from_secs(30)).await;
+    assert!(exit.is_some_and(|s| s.success()), "clean exit: {exit:?}");
+    drop(operator);
+    let restarted = env.start_operator().await;
+    eventually("the restarted operator reconciled the At", WAIT, || async {
+        let reconciles = env.operators[restarted]
+            .metric_sum("controller_runtime_reconcile_total", "controller=\"at\"");
+        reconciles.filter(|n| *n > 0.0)
+    })
+    .await;
+    let pod: Pod = get(&env, "long-pod").await.expect("the pod");
+    assert!(
+        held(&pod),
+        "a restart keeps the finalizer: {:?}",
+        pod.finalizers()
+    );
+    assert_eq!(at_phase(&env, "long").await, Some(Phase::Running));
+
+    // Uninstall: the hook's step while the operator still runs, then the operator goes.
+    let output = std::process::Command::new(cdn_operator_e2e::operator_binary())
+        .args(["release-finalizers", &format!("--namespace={}", env.ns)])
+        .output()
+        .expect("cdn-operator release-finalizers");
+    assert!(
+        output.status.success(),
+        "release-finalizers: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout),
+        format!("{}/long-pod\n", env.ns)
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let pod: Pod = get(&env, "long-pod").await.expect("the pod");
+    assert!(!held(&pod), "not taken back: {:?}", pod.finalizers());
+    let mut operator = env.operators.remove(0);
+    operator.terminate();
+    operator.exit_within(Duration::from_secs(30)).await;
+
+    // With no operator left, the At is deleted: its pod goes with it, nothing stays stuck.
+    env.api::<At>()
+        .delete("long", &DeleteParams::background())
+        .await
+        .expect("the At deleted");
+    eventually("the At's pod gone with it", WAIT, || async {
+        get::<Pod>(&env, "long-pod").await.is_none().then_some(())
+    })
+    .await;
+}

@@ -23,6 +23,7 @@
 pub mod build;
 pub(crate) mod schedule;
 pub mod status;
+pub mod uninstall;
 
 use crate::api::At;
 use crate::kubernetes::apply;

@@ -7,6 +7,7 @@ use std::process::ExitCode;
 
 pub mod graph;
 pub mod manifests;
+pub mod release_finalizers;
 pub mod render;
 
 /// The objects skipped in the input, one line each on stderr.
