@@ -17,6 +17,8 @@
   nginx-metrics-image same|none|IMAGE RENDERED.yaml...
                                                the operator's RELATED_IMAGE_NGINX_METRICS is its own image,
                                                absent, or IMAGE
+  uninstall-hook RENDERED.yaml [none]          the pre-delete hook Job runs release-finalizers as the
+                                               operator's ServiceAccount, over its namespaces (none: no hook)
   catalog-properties [--write]                 olm/catalog's bundle properties are those of bundle/
                                                (--write: regenerate them)
   released ROOT VERSION PREVIOUS               ROOT (a copy of bundle/ and olm/ after scripts/bundle_release.py)
@@ -706,6 +708,35 @@ def chart_annotations(chart_path, rendered, csv_path):
     print(f"{chart_path}: Artifact Hub annotations parse and agree with the chart, its images, CRDs and the CSV")
 
 
+def uninstall_hook(path, mode="present"):
+    """docs/adr/0006: `helm uninstall` releases the At pods' finalizers before the operator goes."""
+    objs = docs(path)
+    hooks = [o for o in objs if o["kind"] == "Job"
+             and "pre-delete" in (o["metadata"].get("annotations") or {}).get("helm.sh/hook", "")]
+    if mode == "none":
+        if hooks:
+            sys.exit(f"{path}: a pre-delete hook was rendered: {[h['metadata']['name'] for h in hooks]}")
+        print("uninstall hook: none, as asked")
+        return
+    if len(hooks) != 1:
+        sys.exit(f"{path}: expected one pre-delete hook Job, found {len(hooks)}")
+    hook = hooks[0]["spec"]["template"]["spec"]
+    operator = next(o for o in objs if o["kind"] == "Deployment")["spec"]["template"]["spec"]
+    run, release = operator["containers"][0], hook["containers"][0]
+    if release.get("args") != ["release-finalizers"] or release.get("command"):
+        sys.exit(f"{path}: the hook runs {release.get('command')} {release.get('args')}, not release-finalizers")
+    if release["image"] != run["image"]:
+        sys.exit(f"{path}: the hook's image {release['image']} is not the operator's {run['image']}")
+    if hook.get("serviceAccountName") != operator.get("serviceAccountName"):
+        sys.exit(f"{path}: the hook runs as {hook.get('serviceAccountName')}, the operator as "
+                 f"{operator.get('serviceAccountName')} (whose RBAC lists and patches pods)")
+    watched = lambda c: [e.get("value") for e in c.get("env") or [] if e["name"] == "WATCH_NAMESPACE"]
+    if watched(release) != watched(run):
+        sys.exit(f"{path}: the hook releases pods of {watched(release) or 'every namespace'}, "
+                 f"the operator watches {watched(run) or 'every namespace'}")
+    print(f"uninstall hook: release-finalizers as {hook['serviceAccountName']} over {watched(run) or 'every namespace'}")
+
+
 def main():
     cmd, args = sys.argv[1], sys.argv[2:]
     {"rules-file": rules_file, "dashboard-rules": dashboard_rules, "alm-examples": alm_examples,
@@ -716,7 +747,7 @@ def main():
      "bundle-annotations": bundle_annotations, "olm-monitoring": olm_monitoring,
      "kube-prometheus-stack": kube_prometheus_stack, "pod-monitor-namespace": pod_monitor_namespace,
      "nginx-metrics-image": nginx_metrics_image, "helm-values": helm_values,
-     "chart-annotations": chart_annotations}[cmd](*args)
+     "chart-annotations": chart_annotations, "uninstall-hook": uninstall_hook}[cmd](*args)
 
 
 if __name__ == "__main__":

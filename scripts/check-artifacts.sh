@@ -260,6 +260,12 @@ kubernetes-validate --strict --quiet "$work/helm-single-namespace-monitoring.yam
   "$work/helm-single-namespace.yaml" bundle/manifests/cdn-operator.clusterserviceversion.yaml
 "$py" scripts/artifact_checks.py pod-ids pinned "$work/helm-all-features.yaml"
 grep -q 'helm.sh/hook: test' "$work/helm-default.yaml" || { echo "no helm test pod rendered"; exit 1; }
+# `helm uninstall` releases the At pods first (docs/adr/0006), as the operator and over its scope.
+"$py" scripts/artifact_checks.py uninstall-hook "$work/helm-default.yaml"
+"$py" scripts/artifact_checks.py uninstall-hook "$work/helm-single-namespace.yaml"
+"$py" scripts/artifact_checks.py uninstall-hook "$work/helm-all-features.yaml"
+helm template cdn-operator "$chart" --set uninstall.releaseFinalizers=false >"$work/helm-no-uninstall-hook.yaml"
+"$py" scripts/artifact_checks.py uninstall-hook "$work/helm-no-uninstall-hook.yaml" none
 "$py" scripts/artifact_checks.py same-rbac "$work/kustomize-kustomize-base.yaml" "$work/helm-default.yaml"
 "$py" scripts/artifact_checks.py same-rbac "$work/kustomize-kustomize-overlays-single-namespace.yaml" "$work/helm-single-namespace.yaml"
 "$py" scripts/artifact_checks.py no-cluster-rbac "$work/helm-single-namespace.yaml"
