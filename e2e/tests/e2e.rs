@@ -1514,7 +1514,7 @@ async fn rbac_the_shipped_roles_are_enough_for_the_whole_job() {
     let options = OperatorOptions {
         namespace: Some(ns.clone()),
         lease: Some((ns.clone(), lease.clone())),
-        kubeconfig: Some(path),
+        kubeconfig: Some(path.clone()),
         args: vec!["--metrics-secure=true".into()],
     };
     env.start_operator_with("as-service-account", options).await;
@@ -1576,6 +1576,34 @@ async fn rbac_the_shipped_roles_are_enough_for_the_whole_job() {
     check_at_pod(&env, "example-at").await;
     at_finishes(&env, "example-at", Some("YAY")).await;
     assert!(!env.events().await.is_empty(), "Events were published");
+    // The uninstall step (the chart's pre-delete hook, run as this ServiceAccount) on an At still
+    // RUNNING: these roles are enough for it too.
+    env.apply_yaml(
+        "apiVersion: cnat.programming-kubernetes.info/v1alpha1\nkind: At\nmetadata: {name: long}\n\
+         spec: {schedule: \"2019-04-12T10:12:00Z\", command: \"sleep 3600\"}\n",
+    )
+    .await
+    .expect("the At");
+    eventually("pod long-pod held", WAIT, || async {
+        get::<Pod>(&env, "long-pod")
+            .await
+            .filter(|p| p.finalizers().iter().any(|f| f == FINALIZER))
+    })
+    .await;
+    let output = std::process::Command::new(cdn_operator_e2e::operator_binary())
+        .env("KUBECONFIG", &path)
+        .args(["release-finalizers", &format!("--namespace={ns}")])
+        .output()
+        .expect("cdn-operator release-finalizers");
+    assert!(
+        output.status.success(),
+        "release-finalizers as the ServiceAccount: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout),
+        format!("{ns}/long-pod\n")
+    );
 
     // A scraper with the metrics-reader role reads /metrics: the operator's reviews are allowed.
     bind_shipped_cluster_role(
