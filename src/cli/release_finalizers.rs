@@ -18,10 +18,13 @@ pub struct Args {
     /// namespace.
     #[arg(long, env = "WATCH_NAMESPACE")]
     pub namespace: Option<String>,
+
+    #[command(flatten)]
+    pub kubeconfig: crate::kubernetes::client::Kubeconfig,
 }
 
 pub fn main(args: Args) -> ExitCode {
-    let scope = match args.namespace {
+    let scope = match args.namespace.clone() {
         Some(ns) if !ns.is_empty() => Scope::Namespace(ns),
         _ => Scope::All,
     };
@@ -33,7 +36,7 @@ pub fn main(args: Args) -> ExitCode {
         Err(error) => return crate::fail(&format!("cannot start the async runtime: {error}")),
     };
     let released = runtime.block_on(async {
-        let client = crate::kubernetes::client::connect(None)
+        let client = crate::kubernetes::client::connect(&args.kubeconfig, None)
             .await
             .map_err(|e| format!("cannot configure a Kubernetes client: {e}"))?;
         uninstall::release_all(&client, &scope)
