@@ -3,9 +3,12 @@
 #
 # Anywhere (Docker, Podman, buildah): the builder stage compiles the binary.
 #   docker build -t ghcr.io/anevia/cdn-operator:0.1.0 .
-# From a binary built on the host (CI, where no base image can be pulled):
+# From binaries built on the host (CI, where no base image can be pulled), one per architecture;
+# the platform's TARGETARCH (amd64, arm64) picks the binary:
 #   RUSTFLAGS='-C target-feature=+crt-static' cargo build --release --locked --target x86_64-unknown-linux-gnu
-#   buildah --storage-driver vfs bud --isolation chroot --build-arg BINARY_FROM=prebuilt -t cdn-operator .
+#   CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc \
+#     RUSTFLAGS='-C target-feature=+crt-static' cargo build --release --locked --target aarch64-unknown-linux-gnu
+#   buildah --storage-driver vfs bud --isolation chroot --build-arg BINARY_FROM=prebuilt --platform linux/arm64 -t cdn-operator .
 # Both link glibc statically: the binary needs no libc in the image, nor anything else for what it
 # does at run time:
 # - Host names (a kubeconfig's server, an OTLP collector's Service): a static glibc cannot load
@@ -20,6 +23,8 @@
 
 # Which stage provides /cdn-operator: builder (compile here) or prebuilt (copy from the context).
 ARG BINARY_FROM=builder
+# Set by buildah and BuildKit from --platform (the host's by default): amd64 or arm64.
+ARG TARGETARCH
 
 # The toolchain CI builds and tests with.
 FROM docker.io/library/rust:1.95-bookworm AS builder
@@ -34,8 +39,16 @@ RUN target="$(rustc -vV | sed -n 's/^host: //p')" \
     && install -D -m 0555 "target/$target/release/cdn-operator" /out/cdn-operator \
     && /out/cdn-operator version
 
-FROM scratch AS prebuilt
+# A stage per architecture, named by TARGETARCH: a scratch stage has no shell to map the name.
+FROM scratch AS prebuilt-amd64
 COPY --chmod=0555 target/x86_64-unknown-linux-gnu/release/cdn-operator /out/cdn-operator
+
+FROM scratch AS prebuilt-arm64
+COPY --chmod=0555 target/aarch64-unknown-linux-gnu/release/cdn-operator /out/cdn-operator
+
+# A stage of this file, not an image: no tag to pin.
+# hadolint ignore=DL3006
+FROM prebuilt-${TARGETARCH} AS prebuilt
 
 FROM ${BINARY_FROM} AS binary
 
