@@ -35,6 +35,8 @@
   chart-annotations CHART.yaml RENDERED.yaml CSV.yaml
                                                Artifact Hub's annotations parse as Artifact Hub reads them
                                                and agree with the default render, the CRDs and the CSV
+  sbom-covers-lock SBOM.cdx.json Cargo.lock    the CycloneDX SBOM lists every package of Cargo.lock
+                                               (name and version)
 """
 import json
 import os
@@ -737,6 +739,22 @@ def uninstall_hook(path, mode="present"):
     print(f"uninstall hook: release-finalizers as {hook['serviceAccountName']} over {watched(run) or 'every namespace'}")
 
 
+def sbom_covers_lock(sbom, lock):
+    import tomllib
+    with open(sbom) as f:
+        bom = json.load(f)
+    with open(lock, "rb") as f:
+        packages = tomllib.load(f)["package"]
+    if bom.get("bomFormat") != "CycloneDX":
+        sys.exit(f"{sbom}: not a CycloneDX document")
+    listed = {(c.get("name"), c.get("version")) for c in bom.get("components", [])}
+    missing = sorted({(p["name"], p["version"]) for p in packages} - listed)
+    if missing:
+        sys.exit(f"{sbom}: {len(missing)} packages of {lock} missing: "
+                 + ", ".join(f"{n} {v}" for n, v in missing[:20]))
+    print(f"{sbom}: lists all {len(packages)} packages of {lock}")
+
+
 def main():
     cmd, args = sys.argv[1], sys.argv[2:]
     {"rules-file": rules_file, "dashboard-rules": dashboard_rules, "alm-examples": alm_examples,
@@ -747,7 +765,8 @@ def main():
      "bundle-annotations": bundle_annotations, "olm-monitoring": olm_monitoring,
      "kube-prometheus-stack": kube_prometheus_stack, "pod-monitor-namespace": pod_monitor_namespace,
      "nginx-metrics-image": nginx_metrics_image, "helm-values": helm_values,
-     "chart-annotations": chart_annotations, "uninstall-hook": uninstall_hook}[cmd](*args)
+     "chart-annotations": chart_annotations, "uninstall-hook": uninstall_hook,
+     "sbom-covers-lock": sbom_covers_lock}[cmd](*args)
 
 
 if __name__ == "__main__":

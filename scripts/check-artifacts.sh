@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Checks everything a user installs with the real tools (../shared/TOOLS.md): kustomize builds,
 # Helm lint/template, kubernetes-validate --strict, trivy, OLM schemas, promtool, Grafana's
-# Dashboard type, Argo CD health checks, hadolint, and the image built with buildah.
+# Dashboard type, Argo CD health checks, the CI workflows (check-jsonschema, zizmor), the chart
+# package and the SBOM, hadolint, and the images (linux/amd64, linux/arm64) built with buildah.
 # Installs the tools first (idempotent). Run from anywhere; called by test.sh.
 #   CDN_OPERATOR_TOOLS   where the tools go (default ~/.cache/cdn-operator-tools)
-#   SKIP_IMAGE=1         skip the static release build and the buildah image (the slow part)
+#   SKIP_IMAGE=1         skip the static release builds (x86_64, aarch64) and the buildah images (the slow part)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
@@ -380,6 +381,29 @@ done
 step "Argo CD health checks (Lua, Argo CD's test format)"
 "$py" scripts/argocd_health_test.py "$shared/tools/argo_health.lua"
 
+step "release: CI workflows, the chart as a package, the SBOM"
+# GitHub's workflow schema, and zizmor's security audit (any finding fails; offline: no API calls).
+check-jsonschema --builtin-schema vendor.github-workflows .github/workflows/*.yml
+zizmor --offline .github/workflows/*.yml
+# The chart as `helm push` publishes it (release.yml): the package lints, renders, and is the
+# version of Chart.yaml, which is the crate's (one version for the whole release).
+crate_version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n1)
+chart_version=$(sed -n 's/^version: //p' "$chart/Chart.yaml")
+app_version=$(sed -n 's/^appVersion: "\(.*\)"/\1/p' "$chart/Chart.yaml")
+[ "$chart_version" = "$crate_version" ] && [ "$app_version" = "$crate_version" ] || {
+  echo "Cargo.toml $crate_version, Chart.yaml version $chart_version appVersion $app_version: they must agree"; exit 1; }
+grep -q "^## \[$crate_version\]" CHANGELOG.md || { echo "CHANGELOG.md has no section [$crate_version]"; exit 1; }
+helm package "$chart" --destination "$work/package" >/dev/null
+tgz="$work/package/cdn-operator-$chart_version.tgz"
+[ -f "$tgz" ] || { echo "helm package made $(ls "$work/package"), not ${tgz##*/}"; exit 1; }
+helm lint --strict "$tgz" >/dev/null
+helm template cdn-operator "$tgz" --namespace cdn-operator >"$work/helm-package.yaml"
+cmp -s "$work/helm-package.yaml" "$work/helm-default.yaml" || { echo "the packaged chart renders differently from $chart"; exit 1; }
+echo "ok helm package ${tgz##*/}: lints, renders as the chart's folder"
+# The SBOM the release attaches: CycloneDX from Cargo.lock, every package in it.
+trivy fs --quiet --skip-db-update --offline-scan --format cyclonedx --output "$work/sbom.cdx.json" Cargo.lock
+"$py" scripts/artifact_checks.py sbom-covers-lock "$work/sbom.cdx.json" Cargo.lock
+
 step "hadolint"
 hadolint Dockerfile bundle/bundle.Dockerfile olm/catalog.Dockerfile
 echo "ok hadolint"
@@ -395,8 +419,8 @@ else
   env -i "$bin" version
   bah=(buildah --storage-driver vfs)
   tag=localhost/cdn-operator:check-$$
-  "${bah[@]}" bud --isolation chroot --quiet --build-arg BINARY_FROM=prebuilt -t "$tag" . >/dev/null
-  config=$("${bah[@]}" inspect --type image --format '{{.OCIv1.Config.User}} {{.OCIv1.Config.Entrypoint}}' "$tag")
+  "${bah[@]}" bud --isolation chroot --quiet --build-arg BINARY_FROM=prebuilt --platform linux/amd64 -t "$tag" . >/dev/null
+  config=$("${bah[@]}" inspect --type image --format '{{.OCIv1.OS}}/{{.OCIv1.Architecture}} {{.OCIv1.Config.User}} {{.OCIv1.Config.Entrypoint}}' "$tag")
   # The image holds the binary and nothing else (no shell), and the binary runs from it.
   ctr=$("${bah[@]}" from "$tag")
   mkdir "$work/image-root"
@@ -407,7 +431,7 @@ else
   "${bah[@]}" umount "$ctr" >/dev/null
   "${bah[@]}" rm "$ctr" >/dev/null
   "${bah[@]}" rmi "$tag" >/dev/null
-  [ "$config" = '65532:65532 [/cdn-operator]' ] || { echo "unexpected image config: $config"; exit 1; }
+  [ "$config" = 'linux/amd64 65532:65532 [/cdn-operator]' ] || { echo "unexpected image config: $config"; exit 1; }
   [ "$files" = './cdn-operator ' ] || { echo "unexpected files in the image: $files"; exit 1; }
   echo "ok image: user and entrypoint $config, only /cdn-operator, $version"
   # That filesystem run as a runtime runs it (tests/process/image.rs): chroot as 65532 with
@@ -416,6 +440,26 @@ else
   CDN_OPERATOR_IMAGE_ROOT="$work/image-root" cargo test --locked --test process -- --ignored --exact \
     image::the_image_resolves_its_api_server_and_collector_by_name_and_delivers_spans
   echo "ok image: resolves host names through /etc/hosts and DNS, exports traces over http without CA files"
+  # linux/arm64 from the same Dockerfile: a static aarch64 build with Debian's cross linker, run
+  # under qemu-user, then the image of platform linux/arm64 (its prebuilt-arm64 stage).
+  arm_start=$SECONDS
+  CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc RUSTFLAGS='-C target-feature=+crt-static' \
+    cargo build --release --locked --target aarch64-unknown-linux-gnu
+  arm_bin=target/aarch64-unknown-linux-gnu/release/cdn-operator
+  file -b "$arm_bin" | grep -q 'ARM aarch64.*statically linked' || { echo "$arm_bin: $(file -b "$arm_bin")"; exit 1; }
+  arm_version=$(env -i qemu-aarch64 "$arm_bin" version)
+  echo "ok arm64 binary ($((SECONDS - arm_start))s to build): $arm_version under qemu-aarch64"
+  atag=localhost/cdn-operator-arm64:check-$$
+  "${bah[@]}" bud --isolation chroot --quiet --build-arg BINARY_FROM=prebuilt --platform linux/arm64 -t "$atag" . >/dev/null
+  platform=$("${bah[@]}" inspect --type image --format '{{.OCIv1.OS}}/{{.OCIv1.Architecture}} {{.OCIv1.Config.User}} {{.OCIv1.Config.Entrypoint}}' "$atag")
+  ctr=$("${bah[@]}" from "$atag")
+  rootfs=$("${bah[@]}" mount "$ctr")
+  image_arm_version=$(env -i qemu-aarch64 "$rootfs/cdn-operator" version)
+  "${bah[@]}" umount "$ctr" >/dev/null
+  "${bah[@]}" rm "$ctr" >/dev/null
+  "${bah[@]}" rmi "$atag" >/dev/null
+  [ "$platform" = 'linux/arm64 65532:65532 [/cdn-operator]' ] || { echo "unexpected arm64 image config: $platform"; exit 1; }
+  echo "ok arm64 image: $platform, $image_arm_version"
   btag=localhost/cdn-operator-bundle:check-$$
   "${bah[@]}" bud --isolation chroot --quiet -f bundle/bundle.Dockerfile -t "$btag" bundle >/dev/null
   "${bah[@]}" rmi "$btag" >/dev/null

