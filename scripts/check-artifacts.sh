@@ -29,7 +29,7 @@ step "yamllint"
 yamllint -s -d '{extends: default, rules: {line-length: disable, document-start: disable,
   indentation: {spaces: consistent, indent-sequences: whatever},
   comments: {min-spaces-from-content: 1}, comments-indentation: disable, truthy: {check-keys: false}}}' \
-  kustomize argocd bundle olm tests/alerts tests/helm \
+  kustomize argocd bundle olm tests/alerts tests/helm .github \
   helm/cdn-operator/Chart.yaml helm/cdn-operator/values.yaml helm/cdn-operator/files
 echo "ok yamllint"
 
