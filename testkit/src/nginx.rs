@@ -401,6 +401,27 @@ impl Nginx {
     fn spawn_with_stdout(name: &str, mut command: Command, log: &Path, stdout: Stdio) -> Nginx {
         let stderr = std::fs::File::create(log)
             .unwrap_or_else(|e| panic!("creating {}: {e}", log.display()));
+        // A container runtime starts a pod's process with every signal at its default action. The
+        // tests' parent may ignore some (a shell's background job ignores SIGINT and SIGQUIT), and
+        // an ignored signal is inherited across exec and cannot be trapped by a shell: the
+        // entrypoint would never see its stop signal. Start from the defaults, as in a pod.
+        // SAFETY: between fork and exec, only async-signal-safe calls (sigaction via signal).
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut command, || {
+                for signal in [
+                    libc::SIGHUP,
+                    libc::SIGINT,
+                    libc::SIGQUIT,
+                    libc::SIGTERM,
+                    libc::SIGPIPE,
+                ] {
+                    if libc::signal(signal, libc::SIG_DFL) == libc::SIG_ERR {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
+                Ok(())
+            });
+        }
         let mut bwrap = command
             .stdin(Stdio::null())
             .stdout(stdout)
