@@ -579,14 +579,7 @@ pub fn main(args: Args) -> ExitCode {
 }
 
 fn from_cluster(args: &Args) -> Result<Topology, String> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| format!("cannot start the async runtime: {e}"))?;
-    runtime.block_on(async {
-        let client = crate::kubernetes::client::connect(&args.kubeconfig, None)
-            .await
-            .map_err(|e| format!("cannot reach the cluster: {e}"))?;
+    super::with_cluster(&args.kubeconfig, |client| async move {
         let namespace = match (&args.namespace, args.all_namespaces) {
             (_, true) => None,
             (Some(namespace), false) => Some(namespace.clone()),

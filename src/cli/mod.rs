@@ -11,6 +11,27 @@ pub mod release_finalizers;
 pub mod render;
 
 /// The objects skipped in the input, one line each on stderr.
+/// Runs `work` with a client of the cluster `kubeconfig` names, on a runtime of its own (the
+/// commands that read or write a cluster once and exit); every failure as one message.
+fn with_cluster<T, F>(
+    kubeconfig: &crate::kubernetes::client::Kubeconfig,
+    work: impl FnOnce(kube::Client) -> F,
+) -> Result<T, String>
+where
+    F: std::future::Future<Output = Result<T, String>>,
+{
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the async runtime: {e}"))?;
+    runtime.block_on(async {
+        let client = crate::kubernetes::client::connect(kubeconfig, None)
+            .await
+            .map_err(|e| format!("cannot reach the cluster: {e}"))?;
+        work(client).await
+    })
+}
+
 fn print_notes(notes: &[String]) {
     for note in notes {
         eprintln!("cdn-operator: {note}");

@@ -24,21 +24,11 @@ pub struct Args {
 }
 
 pub fn main(args: Args) -> ExitCode {
-    let scope = match args.namespace.clone() {
+    let scope = match args.namespace {
         Some(ns) if !ns.is_empty() => Scope::Namespace(ns),
         _ => Scope::All,
     };
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(error) => return crate::fail(&format!("cannot start the async runtime: {error}")),
-    };
-    let released = runtime.block_on(async {
-        let client = crate::kubernetes::client::connect(&args.kubeconfig, None)
-            .await
-            .map_err(|e| format!("cannot configure a Kubernetes client: {e}"))?;
+    let released = super::with_cluster(&args.kubeconfig, |client| async move {
         uninstall::release_all(&client, &scope)
             .await
             .map_err(|e| e.to_string())
