@@ -5,24 +5,74 @@
 //! It answers on loopback UDP from maps the test changes as it goes: names to IPv4 addresses (A
 //! records) and service names to their targets (SRV records, as the cluster DNS publishes a
 //! Service's named ports), with a short TTL; an empty answer for a known name's other types
-//! (AAAA), NXDOMAIN for any other name.
+//! (AAAA), NXDOMAIN for any other name. A program that computes every name at once (the e2e
+//! crate's `cluster-dns`, from a cluster's Services and EndpointSlices) builds [`Records`] and
+//! swaps them in with [`Dns::replace`].
 
 use simple_dns::rdata::{RData, A, SRV};
 use simple_dns::Name;
 use simple_dns::{Packet, PacketFlag, ResourceRecord, CLASS, QTYPE, RCODE, TYPE};
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-/// What the server knows, by name (lower case, without the final dot).
-#[derive(Default)]
-struct Records {
-    addresses: HashMap<String, Vec<Ipv4Addr>>,
+/// What a server knows, by name (lower case, without the final dot): built whole and swapped in
+/// at once with [`Dns::replace`], or changed name by name through [`Dns::set`] and the others.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Records {
+    addresses: BTreeMap<String, Vec<Ipv4Addr>>,
     /// SRV targets: (weight, port, target name).
-    services: HashMap<String, Vec<(u16, u16, String)>>,
+    services: BTreeMap<String, Vec<(u16, u16, String)>>,
+}
+
+impl Records {
+    /// `name` resolves to `addresses` (none: an empty answer, not NXDOMAIN).
+    pub fn set(&mut self, name: &str, addresses: &[Ipv4Addr]) {
+        self.addresses.insert(key(name), addresses.to_vec());
+    }
+
+    /// `name` has the SRV records `targets`: (weight, port, target), priority 0 (none: an empty
+    /// answer, not NXDOMAIN).
+    pub fn set_srv(&mut self, name: &str, targets: &[(u16, u16, &str)]) {
+        let targets = targets
+            .iter()
+            .map(|&(weight, port, target)| (weight, port, key(target)))
+            .collect();
+        self.services.insert(key(name), targets);
+    }
+
+    /// `name` is no longer known, for any type.
+    pub fn remove(&mut self, name: &str) {
+        self.addresses.remove(&key(name));
+        self.services.remove(&key(name));
+    }
+
+    /// The addresses of `name`, if it has an A record set.
+    pub fn address(&self, name: &str) -> Option<&[Ipv4Addr]> {
+        self.addresses.get(&key(name)).map(Vec::as_slice)
+    }
+
+    /// The SRV targets of `name` (weight, port, target), if it has SRV records set.
+    pub fn srv(&self, name: &str) -> Option<&[(u16, u16, String)]> {
+        self.services.get(&key(name)).map(Vec::as_slice)
+    }
+
+    /// Every name with A records set, and its addresses, by name.
+    pub fn addresses(&self) -> impl Iterator<Item = (&str, &[Ipv4Addr])> {
+        self.addresses
+            .iter()
+            .map(|(name, addresses)| (name.as_str(), addresses.as_slice()))
+    }
+
+    /// Every name with SRV records set, and its targets, by name.
+    pub fn services(&self) -> impl Iterator<Item = (&str, &[(u16, u16, String)])> {
+        self.services
+            .iter()
+            .map(|(name, targets)| (name.as_str(), targets.as_slice()))
+    }
 }
 
 /// A DNS server on 127.0.0.1, answering from its own thread until dropped.
@@ -45,25 +95,29 @@ impl Dns {
     /// A server on `addr` (port 53 of a loopback address, as a pod's nameserver: resolv.conf
     /// names no port) that knows no name yet.
     pub fn start_on(addr: SocketAddr) -> Dns {
-        let socket = UdpSocket::bind(addr)
-            .unwrap_or_else(|e| panic!("binding the test DNS server to {addr}: {e}"));
+        Dns::try_start_on(addr)
+            .unwrap_or_else(|e| panic!("binding the test DNS server to {addr}: {e}"))
+    }
+
+    /// [`Dns::start_on`], the error to the caller when `addr` cannot be bound (a program's
+    /// `--listen` on an address the host does not have, a port taken).
+    pub fn try_start_on(addr: SocketAddr) -> std::io::Result<Dns> {
+        let socket = UdpSocket::bind(addr)?;
         // Wakes the thread now and then to see whether it must stop.
-        socket
-            .set_read_timeout(Some(Duration::from_millis(50)))
-            .expect("a read timeout");
-        let addr = socket.local_addr().expect("its address");
+        socket.set_read_timeout(Some(Duration::from_millis(50)))?;
+        let addr = socket.local_addr()?;
         let records = Arc::new(Mutex::new(Records::default()));
         let stop = Arc::new(AtomicBool::new(false));
         let thread = {
             let (records, stop) = (records.clone(), stop.clone());
             std::thread::spawn(move || serve(&socket, &records, &stop))
         };
-        Dns {
+        Ok(Dns {
             addr,
             records,
             stop,
             thread: Some(thread),
-        }
+        })
     }
 
     /// Where it listens, e.g. for `resolver 127.0.0.1:PORT`.
@@ -73,25 +127,24 @@ impl Dns {
 
     /// `name` now resolves to `addresses` (none: an empty answer, not NXDOMAIN).
     pub fn set(&self, name: &str, addresses: &[Ipv4Addr]) {
-        self.records
-            .lock()
-            .unwrap()
-            .addresses
-            .insert(key(name), addresses.to_vec());
+        self.records.lock().unwrap().set(name, addresses);
     }
 
     /// `name` (`_http._tcp.SERVICE…`) now has the SRV records `targets`: (weight, port, target),
     /// priority 0 (none: an empty answer, not NXDOMAIN). The targets' addresses are `set` apart.
     pub fn set_srv(&self, name: &str, targets: &[(u16, u16, &str)]) {
-        let targets = targets
-            .iter()
-            .map(|&(weight, port, target)| (weight, port, key(target)))
-            .collect();
-        self.records
-            .lock()
-            .unwrap()
-            .services
-            .insert(key(name), targets);
+        self.records.lock().unwrap().set_srv(name, targets);
+    }
+
+    /// Answers from `records` alone from now on, every name at once: a query sees either the
+    /// old set or the new one, never a mix.
+    pub fn replace(&self, records: Records) {
+        *self.records.lock().unwrap() = records;
+    }
+
+    /// What it answers from now.
+    pub fn records(&self) -> Records {
+        self.records.lock().unwrap().clone()
     }
 
     /// Publishes the Service `name` (fully qualified) with an address of its own, `ip`, as the
@@ -122,9 +175,7 @@ impl Dns {
 
     /// `name` is no longer known, for any type: NXDOMAIN.
     pub fn remove(&self, name: &str) {
-        let mut records = self.records.lock().unwrap();
-        records.addresses.remove(&key(name));
-        records.services.remove(&key(name));
+        self.records.lock().unwrap().remove(name);
     }
 }
 
@@ -282,6 +333,54 @@ mod tests {
         );
         dns.remove(name);
         assert_eq!(ask(&dns, name, TYPE::A).0, RCODE::NameError);
+    }
+
+    #[test]
+    fn replace_swaps_every_name_at_once() {
+        let dns = Dns::start();
+        let (a, b) = (Ipv4Addr::new(127, 0, 0, 51), Ipv4Addr::new(127, 0, 0, 52));
+        dns.publish_service("old.default.svc.cluster.local", "http", a);
+
+        let mut records = Records::default();
+        records.set("New.default.svc.cluster.local.", &[b]);
+        records.set_srv(
+            "_http._tcp.new.default.svc.cluster.local",
+            &[(100, 80, "New.default.svc.cluster.local.")],
+        );
+        assert_eq!(
+            records.address("new.default.svc.cluster.local"),
+            Some(&[b][..])
+        );
+        dns.replace(records.clone());
+        assert_eq!(dns.records(), records);
+
+        // The old names are gone, for every type; the new ones answer, keys normalized.
+        assert_eq!(
+            ask(&dns, "old.default.svc.cluster.local", TYPE::A).0,
+            RCODE::NameError
+        );
+        assert_eq!(
+            ask(&dns, "_http._tcp.old.default.svc.cluster.local", TYPE::SRV).0,
+            RCODE::NameError
+        );
+        assert_eq!(
+            ask(&dns, "new.default.svc.cluster.local", TYPE::A).1,
+            ["127.0.0.52"]
+        );
+        assert_eq!(
+            ask(&dns, "_http._tcp.new.default.svc.cluster.local", TYPE::SRV).1,
+            ["100 80 new.default.svc.cluster.local"]
+        );
+        let names: Vec<&str> = records.addresses().map(|(name, _)| name).collect();
+        assert_eq!(names, ["new.default.svc.cluster.local"]);
+        let services: Vec<&str> = records.services().map(|(name, _)| name).collect();
+        assert_eq!(services, ["_http._tcp.new.default.svc.cluster.local"]);
+
+        dns.replace(Records::default());
+        assert_eq!(
+            ask(&dns, "new.default.svc.cluster.local", TYPE::A).0,
+            RCODE::NameError
+        );
     }
 
     #[test]

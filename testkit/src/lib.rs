@@ -13,7 +13,7 @@ pub mod process;
 pub mod race;
 pub mod wait;
 
-pub use dns::Dns;
+pub use dns::{Dns, Records};
 pub use http::{
     free_port, http_get, http_get_accepting, https_get, request, tls_certificate, Reply, Response,
 };
