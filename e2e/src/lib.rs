@@ -3,6 +3,7 @@
 //! up afterwards, also when a test fails (printing the operator's logs then).
 
 pub mod canary;
+pub mod cluster_dns;
 pub mod proxy;
 
 use cdn_operator::api::CdnCluster;
