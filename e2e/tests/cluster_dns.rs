@@ -4,11 +4,12 @@
 //!
 //! The Services are the ones captured from a v1.36.2 server (tests/fixtures/real-server/: the
 //! seed's `balancer` with a ClusterIP, the headless `cache-live` and `cache-vod`, and `cache-live`
-//! re-created with an address). The EndpointSlices (e2e/fixtures/cluster-dns/) are written in the
-//! shape such a server gives the endpointslice controller's slices of those Services (labels
-//! copied from the Service, `kubernetes.io/service-name`, `endpoints` and `ports` null for a
-//! Service that selects no pod), with ready, starting (not ready) and terminating (serving, not
-//! ready) pods.
+//! re-created with an address). The EndpointSlices (e2e/fixtures/cluster-dns/, captured by
+//! e2e/capture-cluster-dns-fixtures.sh from a v1.36.2 server) are the endpointslice controller's
+//! slices of those Services: `balancer`'s one pod; `cache-live`'s four pods in two slices, a ready
+//! and a starting (not ready) one in the first, a ready and a terminating (serving, not ready) one
+//! in the second; `cache-vod`'s placeholder (no pod: `endpoints` and `ports` null). Their Services'
+//! uids and ClusterIPs are those of the capture's server, not the fixtures': only names join them.
 
 use cdn_operator::cdncluster::nginx::{LISTEN_PORT, SERVICE_PORT_NAME};
 use cdn_operator::cdncluster::sources::{service_host, DEFAULT_CLUSTER_DOMAIN, SERVICE_PORT};
