@@ -394,11 +394,9 @@ EOF
     --metrics-bind-address=127.0.0.1:10249 --healthz-bind-address=127.0.0.1:10256 \
     --conntrack-max-per-core=0 --conntrack-tcp-timeout-established=0 --conntrack-tcp-timeout-close-wait=0
   waitfor "node $NODE_NAME" 120 kubectl wait --for=condition=Ready "node/$NODE_NAME" --timeout=1s
-  if [[ -z ${SKIP_DNS:-} ]]; then
   (cd "$repo" && cargo build -q --locked -p cdn-operator-e2e --bin cluster-dns)
   start cluster-dns "$(target_dir)/debug/cluster-dns" --listen "$HOST_IP:53" --domain cluster.local \
     --kubeconfig "$KUBECONFIG"
-  fi
   waitfor "kube-proxy" 60 curl -sf http://127.0.0.1:10256/healthz
 }
 
