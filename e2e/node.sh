@@ -397,6 +397,8 @@ EOF
   (cd "$repo" && cargo build -q --locked -p cdn-operator-e2e --bin cluster-dns)
   start cluster-dns "$(target_dir)/debug/cluster-dns" --listen "$HOST_IP:53" --domain cluster.local \
     --kubeconfig "$KUBECONFIG"
+  # It publishes nothing before both watches have listed: the API server's own name means it has.
+  waitfor "cluster DNS" 60 grep -q "kubernetes.default.svc.cluster.local" "$LOGS/cluster-dns.log"
   waitfor "kube-proxy" 60 curl -sf http://127.0.0.1:10256/healthz
 }
 
