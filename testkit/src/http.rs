@@ -42,7 +42,22 @@ pub fn http_get_accepting(port: u16, path: &str, accept: &str) -> Option<Reply> 
 /// certificate is self-signed): the certificate chain is not verified, its signatures are.
 /// `None` when the TLS handshake or the exchange fails.
 pub fn https_get(port: u16, path: &str, accept: &str, token: Option<&str>) -> Option<Reply> {
-    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    https_get_at(
+        SocketAddr::from(([127, 0, 0, 1], port)),
+        path,
+        accept,
+        token,
+    )
+}
+
+/// [`https_get`] to any address: a Service's ClusterIP and port, from a host that routes to
+/// them (kube-proxy), as a scraper in the cluster reaches the secured `/metrics`.
+pub fn https_get_at(
+    addr: SocketAddr,
+    path: &str,
+    accept: &str,
+    token: Option<&str>,
+) -> Option<Reply> {
     let mut stream = tls_connect(addr)?;
     exchange(&mut stream, &request_text(addr, path, accept, token))
 }
