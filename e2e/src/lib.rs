@@ -46,6 +46,18 @@ pub fn crypto() {
 /// A client for the cluster of `KUBECONFIG` when one answers; otherwise one line saying why
 /// (`<what> skipped: …`), and `None`, so the caller passes without testing anything.
 pub async fn connect(what: &str) -> Option<Client> {
+    match reach().await {
+        Ok(client) => Some(client),
+        Err(error) => {
+            say(&format!("{what} skipped: {error}"));
+            None
+        }
+    }
+}
+
+/// A client for the cluster of `KUBECONFIG` once its API server has answered within
+/// [`CONNECT_TIMEOUT`]; otherwise why not (`no reachable Kubernetes API (KUBECONFIG=…): …`).
+pub async fn reach() -> Result<Client, String> {
     crypto();
     let kubeconfig = std::env::var("KUBECONFIG").unwrap_or_else(|_| "unset".into());
     let attempt = async {
@@ -57,15 +69,9 @@ pub async fn connect(what: &str) -> Option<Client> {
             .map_err(|e| e.to_string())?;
         Ok::<_, String>(client)
     };
-    match attempt.await {
-        Ok(client) => Some(client),
-        Err(error) => {
-            say(&format!(
-                "{what} skipped: no reachable Kubernetes API (KUBECONFIG={kubeconfig}): {error}"
-            ));
-            None
-        }
-    }
+    attempt
+        .await
+        .map_err(|error| format!("no reachable Kubernetes API (KUBECONFIG={kubeconfig}): {error}"))
 }
 
 /// Installs or updates the CRDs as `run.sh` does (server-side apply, manager `cdn-operator`) and
@@ -436,7 +442,9 @@ impl Drop for Env {
     }
 }
 
-async fn cleanup(
+/// Releases the finalizers of the pods of namespace `ns` (no operator may be left to), deletes
+/// the `cluster_scoped` objects, then starts the deletion of the namespace.
+pub async fn cleanup(
     ns: String,
     cluster_scoped: Vec<(GroupVersionKind, String)>,
 ) -> Result<(), String> {
