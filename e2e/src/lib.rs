@@ -6,6 +6,8 @@ pub mod canary;
 pub mod cluster_dns;
 pub mod proxy;
 
+pub mod node;
+
 use cdn_operator::api::CdnCluster;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::api::events::v1::Event;
