@@ -1,0 +1,835 @@
+//! cdn-operator on a cluster with a node (issue 39): the operator runs as pods of its own image,
+//! installed by Helm or kustomize, and the CDN's nginx pods serve through Services. Each test
+//! skips with one line (`node tests skipped: …`) when no API server answers, when no node is
+//! Ready, or when `CDN_E2E_OPERATOR_IMAGE` / `CDN_E2E_NGINX_IMAGE` are unset. Run:
+//! `cargo test -p cdn-operator-e2e --test node` (docs/testing.md, the node mode).
+
+use cdn_operator::api::{At, CdnCluster, Outcome, Phase, State};
+use cdn_operator::cdncluster::nginx::{CACHE_STATUS_HEADER, LISTEN_PORT, SERVICE_PORT_NAME};
+use cdn_operator_e2e::eventually;
+use cdn_operator_e2e::node::{
+    answering_upstream, apply_cluster, apply_origin, bind_cluster_role, check_metrics,
+    cluster_pods, cluster_running, http_get, lease_holder, operator_ready_and_leading,
+    origin_requests, pods_gone, ready_pods, relative_path, run, service_account, service_address,
+    until, ImageRef, NodeTest, Scope, LEASE, OPERATOR_PODS, OPERATOR_REPLICAS, ORIGIN_BODY,
+    ORIGIN_PODS, ORIGIN_POD_HEADER,
+};
+use cdn_operator_e2e::{repository_root, say};
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::rbac::v1::ClusterRole;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, DeleteParams, PostParams};
+use kube::runtime::watcher;
+use kube::{Client, ResourceExt};
+use serde_json::json;
+use std::collections::BTreeSet;
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// How long CdnClusters get to be Running, every pod Ready (images present: seconds; generous
+/// for a busy machine).
+const WAIT: Duration = Duration::from_secs(240);
+/// How long traffic gets to follow a change of the pods behind a name: nginx looks its sources
+/// up again every 5 s, the cluster DNS and kube-proxy follow the endpoints within seconds.
+const FOLLOW: Duration = Duration::from_secs(90);
+/// The Lease's validity after a renewal (docs/operations.md, Leader election: 15 s, as
+/// controller-runtime), and the margin a takeover may take beyond it.
+const LEASE_DURATION: Duration = Duration::from_secs(15);
+const TAKEOVER_MARGIN: Duration = Duration::from_secs(5);
+/// The CRDs, which the chart keeps on uninstall and kustomize deletes.
+const CRDS: [&str; 2] = [
+    "cdnclusters.cluster.anevia.com",
+    "ats.cnat.programming-kubernetes.info",
+];
+
+/// The pods of `ns` matching `selector` run `image` in their container `container`.
+fn assert_image(pods: &[Pod], container: &str, image: &str) {
+    for pod in pods {
+        let spec = pod.spec.as_ref().expect("a pod spec");
+        let found = spec
+            .containers
+            .iter()
+            .find(|c| c.name == container)
+            .unwrap_or_else(|| panic!("pod {} has no container {container}", pod.name_any()));
+        assert_eq!(
+            found.image.as_deref(),
+            Some(image),
+            "pod {} container {container}",
+            pod.name_any()
+        );
+    }
+}
+
+async fn crd_exists(client: &Client, name: &str) -> bool {
+    Api::<CustomResourceDefinition>::all(client.clone())
+        .get_opt(name)
+        .await
+        .expect("GET the CRD")
+        .is_some()
+}
+
+#[tokio::test]
+async fn helm_installs_the_local_image_elects_a_leader_serves_metrics_through_its_service_and_uninstalls(
+) {
+    let Some(mut t) = NodeTest::new("helm-install", Scope::Cluster).await else {
+        return;
+    };
+    let client = t.client.clone();
+    let ns = t.namespace("helm").await;
+    // The chart's defaults (every namespace, 2 replicas, HTTPS metrics, the uninstall hook) with
+    // the local images, and the chart's own binding of its metrics-reader ClusterRole to a
+    // ServiceAccount of the test (`metrics.reader`).
+    let release = t
+        .helm_install(
+            &ns,
+            "helm",
+            &[
+                "--set-string=metrics.reader.serviceAccount.name=scraper".into(),
+                format!("--set-string=metrics.reader.serviceAccount.namespace={ns}"),
+            ],
+        )
+        .await;
+    let (pods, leader) = operator_ready_and_leading(&client, &ns).await;
+    assert_image(&pods, "operator", &t.operator_image);
+    say(&format!(
+        "node helm: release {} in {ns}: {} pods Ready, leader {leader}",
+        release.name,
+        pods.len()
+    ));
+
+    service_account(&client, &ns, "scraper").await;
+    service_account(&client, &ns, "stranger").await;
+    check_metrics(
+        &client,
+        &ns,
+        &format!("{}-metrics", release.fullname),
+        "scraper",
+        "stranger",
+    )
+    .await;
+
+    // `helm uninstall` runs the pre-delete hook Job (`cdn-operator release-finalizers`, the
+    // operator's image) and waits for it: a watch sees it complete before Helm deletes it.
+    let hook = format!("{}-release-finalizers", release.fullname);
+    let succeeded = Arc::new(Mutex::new(None::<i32>));
+    let (watching, watched) = tokio::sync::oneshot::channel();
+    let watch = {
+        let jobs: Api<Job> = Api::namespaced(client.clone(), &ns);
+        let config = watcher::Config::default().fields(&format!("metadata.name={hook}"));
+        let succeeded = succeeded.clone();
+        tokio::spawn(async move {
+            let mut watching = Some(watching);
+            let mut events = std::pin::pin!(watcher(jobs, config));
+            while let Some(event) = events.next().await {
+                let job = match event {
+                    Ok(watcher::Event::InitDone) => {
+                        if let Some(ready) = watching.take() {
+                            let _ = ready.send(());
+                        }
+                        continue;
+                    }
+                    Ok(watcher::Event::Apply(job) | watcher::Event::Delete(job)) => job,
+                    Ok(watcher::Event::InitApply(job)) => job,
+                    Ok(watcher::Event::Init) | Err(_) => continue,
+                };
+                let count = job.status.and_then(|s| s.succeeded).unwrap_or(0);
+                let mut seen = succeeded.lock().unwrap();
+                *seen = Some(seen.unwrap_or(0).max(count));
+            }
+        })
+    };
+    tokio::time::timeout(Duration::from_secs(30), watched)
+        .await
+        .expect("the watch of the hook Job started")
+        .expect("the watch of the hook Job started");
+    let started = Instant::now();
+    let output = t.helm_uninstall(&release).await;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "helm uninstall {} ({}):\n{stdout}\n{}",
+        release.name,
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        stdout.contains(&format!("release \"{}\" uninstalled", release.name)),
+        "{stdout}"
+    );
+    say(&format!(
+        "node helm: uninstalled in {:?}",
+        started.elapsed()
+    ));
+    eventually(
+        &format!("the hook Job {hook} seen Succeeded"),
+        Duration::from_secs(10),
+        || std::future::ready(succeeded.lock().unwrap().filter(|n| *n >= 1)),
+    )
+    .await;
+    watch.abort();
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+    eventually("the operator's Deployment gone", WAIT, || async {
+        deployments
+            .get_opt(&release.fullname)
+            .await
+            .ok()?
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    let roles: Api<ClusterRole> = Api::all(client.clone());
+    for role in [
+        release.fullname.clone(),
+        format!("{}-metrics-reader", release.fullname),
+    ] {
+        assert!(
+            roles.get_opt(&role).await.expect("GET").is_none(),
+            "ClusterRole {role} uninstalled"
+        );
+    }
+    for crd in CRDS {
+        assert!(
+            crd_exists(&client, crd).await,
+            "the CRD {crd} is kept (helm.sh/resource-policy: keep)"
+        );
+    }
+}
+
+#[tokio::test]
+async fn kustomize_base_with_the_local_image_runs_elects_a_leader_and_is_deleted() {
+    let Some(mut t) = NodeTest::new("kustomize-base", Scope::Cluster).await else {
+        return;
+    };
+    let client = t.client.clone();
+    // kustomize/base installs into its own namespace `cdn-operator` under fixed cluster-wide
+    // names: the overlay moves it to a namespace and names of this test (`namespace:`,
+    // `namePrefix:`; the Lease keeps its name), points `images:` at the local image (repeating
+    // the base's `replacements`, which copy it into RELATED_IMAGE_NGINX_METRICS, as
+    // docs/install.md says an overlay setting the image must) and sets the nginx image through
+    // the Deployment's RELATED_IMAGE_NGINX.
+    let ns = t.unique("node-kustomize");
+    let prefix = format!("{}-", t.unique("node"));
+    let base_dir = repository_root().join("kustomize/base");
+    let base: serde_json::Value = serde_yaml::from_str(
+        &std::fs::read_to_string(base_dir.join("kustomization.yaml")).expect("the base"),
+    )
+    .expect("the base's kustomization.yaml");
+    let shipped_image = base["images"][0]["newName"]
+        .as_str()
+        .expect("the base's images[0].newName");
+    let image = ImageRef::parse(&t.operator_image).expect("checked");
+    let mut images = json!({"name": shipped_image, "newName": image.name()});
+    if image.digest.is_empty() {
+        images["newTag"] = json!(image.tag);
+    } else {
+        images["digest"] = json!(image.digest);
+    }
+    let patch = format!(
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: cdn-operator\nspec:\n  template:\n    \
+         spec:\n      containers:\n        - name: operator\n          env:\n            \
+         - name: RELATED_IMAGE_NGINX\n              value: {}\n",
+        t.nginx_image
+    );
+    let overlay = t.dir.path().join("overlay");
+    std::fs::create_dir(&overlay).expect("the overlay's directory");
+    let relative = relative_path(
+        &overlay.canonicalize().expect("the overlay's path"),
+        &base_dir.canonicalize().expect("the base's path"),
+    );
+    let kustomization = json!({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "namespace": ns,
+        "namePrefix": prefix,
+        "resources": [relative],
+        "images": [images],
+        "patches": [{"patch": patch}],
+        "replacements": base["replacements"],
+    });
+    std::fs::write(
+        overlay.join("kustomization.yaml"),
+        serde_yaml::to_string(&kustomization).expect("YAML"),
+    )
+    .expect("the overlay");
+
+    // What the overlay renders, before anything is applied.
+    let rendered = run(
+        Command::new("kubectl").arg("kustomize").arg(&overlay),
+        "kubectl kustomize",
+    );
+    let manifests: Vec<serde_json::Value> = serde_yaml::Deserializer::from_str(&rendered)
+        .map(|doc| serde::Deserialize::deserialize(doc).expect("a YAML document"))
+        .collect();
+    let find = |kind: &str, name: &str| {
+        manifests
+            .iter()
+            .find(|m| m["kind"] == kind && m["metadata"]["name"] == name)
+            .unwrap_or_else(|| panic!("the overlay renders no {kind} {name}:\n{rendered}"))
+    };
+    let namespace = find("Namespace", &ns);
+    assert_eq!(
+        namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"],
+        "restricted"
+    );
+    let deployment = find("Deployment", &format!("{prefix}cdn-operator"));
+    assert_eq!(deployment["metadata"]["namespace"], ns.as_str());
+    let container = &deployment["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(container["image"], t.operator_image.as_str());
+    assert_eq!(container["imagePullPolicy"], "IfNotPresent");
+    let env = |name: &str| {
+        container["env"]
+            .as_array()
+            .expect("env")
+            .iter()
+            .find(|e| e["name"] == name)
+            .unwrap_or_else(|| panic!("no {name} in {container}"))["value"]
+            .clone()
+    };
+    assert_eq!(env("RELATED_IMAGE_NGINX"), t.nginx_image.as_str());
+    assert_eq!(
+        env("RELATED_IMAGE_NGINX_METRICS"),
+        t.operator_image.as_str()
+    );
+
+    t.owns_namespace(&ns);
+    t.owns_overlay(&overlay);
+    run(
+        Command::new("kubectl")
+            .args(["apply", "--server-side", "-k"])
+            .arg(&overlay),
+        "kubectl apply --server-side -k",
+    );
+    let (pods, leader) = operator_ready_and_leading(&client, &ns).await;
+    assert_image(&pods, "operator", &t.operator_image);
+    say(&format!(
+        "node kustomize: {ns}: {} pods Ready, leader {leader}",
+        pods.len()
+    ));
+
+    service_account(&client, &ns, "scraper").await;
+    service_account(&client, &ns, "stranger").await;
+    bind_cluster_role(
+        &mut t,
+        &format!("{prefix}scraper"),
+        &format!("{prefix}cdn-operator-metrics-reader"),
+        &ns,
+        "scraper",
+    )
+    .await;
+    check_metrics(
+        &client,
+        &ns,
+        &format!("{prefix}cdn-operator-metrics"),
+        "scraper",
+        "stranger",
+    )
+    .await;
+
+    // `kubectl delete -k`: everything the overlay holds, its namespace and (docs/install.md,
+    // Uninstalling) the CRDs with it. No other node test runs meanwhile (Scope::Cluster); the
+    // next one installs them again.
+    let started = Instant::now();
+    run(
+        Command::new("kubectl")
+            .args(["delete", "--timeout=5m", "-k"])
+            .arg(&overlay),
+        "kubectl delete -k",
+    );
+    t.deleted_overlay(&overlay);
+    say(&format!(
+        "node kustomize: deleted in {:?}",
+        started.elapsed()
+    ));
+    let roles: Api<ClusterRole> = Api::all(client.clone());
+    assert!(roles
+        .get_opt(&format!("{prefix}cdn-operator"))
+        .await
+        .expect("GET")
+        .is_none());
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    eventually(&format!("namespace {ns} gone"), WAIT, || async {
+        namespaces.get_opt(&ns).await.ok()?.is_none().then_some(())
+    })
+    .await;
+    for crd in CRDS {
+        eventually(
+            &format!("the CRD {crd} deleted with the install"),
+            Duration::from_secs(60),
+            || async { (!crd_exists(&client, crd).await).then_some(()) },
+        )
+        .await;
+    }
+}
+
+#[tokio::test]
+async fn the_leader_pod_deleted_the_other_replica_takes_the_lease_within_its_duration() {
+    let Some(mut t) = NodeTest::new("failover", Scope::Namespace).await else {
+        return;
+    };
+    let client = t.client.clone();
+    let ns = t.namespace("failover").await;
+    // The chart's default replicas (2), managing its own namespace.
+    let release = t
+        .helm_install(
+            &ns,
+            "failover",
+            &["--set=singleNamespace.enabled=true".into()],
+        )
+        .await;
+    let deployment: Deployment = Api::namespaced(client.clone(), &ns)
+        .get(&release.fullname)
+        .await
+        .expect("the operator's Deployment");
+    assert_eq!(
+        deployment.spec.and_then(|s| s.replicas),
+        Some(OPERATOR_REPLICAS as i32),
+        "the chart's default replicaCount"
+    );
+    let (pods, leader) = operator_ready_and_leading(&client, &ns).await;
+    assert_eq!(pods.len(), OPERATOR_REPLICAS);
+    let pods_api: Api<Pod> = Api::namespaced(client.clone(), &ns);
+
+    let deleted = Instant::now();
+    pods_api
+        .delete(&leader, &DeleteParams::default())
+        .await
+        .unwrap_or_else(|e| panic!("deleting the leader pod {leader}: {e}"));
+    let new_leader = eventually(
+        &format!("a pod other than {leader} holding Lease {LEASE}"),
+        Duration::from_secs(120),
+        || async {
+            let holder = lease_holder(&client, &ns, LEASE)
+                .await
+                .filter(|h| *h != leader)?;
+            let pod = pods_api.get_opt(&holder).await.ok()??;
+            let operator =
+                pod.labels().get("app.kubernetes.io/component") == Some(&"operator".to_string());
+            (operator && pod.metadata.deletion_timestamp.is_none()).then_some(holder)
+        },
+    )
+    .await;
+    let takeover = deleted.elapsed();
+    say(&format!(
+        "node failover: {new_leader} took the Lease {takeover:?} after the leader pod {leader} was deleted"
+    ));
+    assert!(
+        takeover <= LEASE_DURATION + TAKEOVER_MARGIN,
+        "takeover in {takeover:?}: more than the lease duration {LEASE_DURATION:?} + {TAKEOVER_MARGIN:?}"
+    );
+
+    // The Deployment replaces the pod; the new leader keeps the Lease and reconciles.
+    ready_pods(&client, &ns, OPERATOR_PODS, OPERATOR_REPLICAS, WAIT).await;
+    eventually(&format!("the deleted pod {leader} gone"), WAIT, || async {
+        pods_api
+            .get_opt(&leader)
+            .await
+            .ok()?
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    assert_eq!(
+        lease_holder(&client, &ns, LEASE).await.as_deref(),
+        Some(new_leader.as_str())
+    );
+    apply_cluster(
+        &client,
+        &ns,
+        "after-failover",
+        json!({"role": "cache", "cache": {"size": "64m"}, "sources": []}),
+    )
+    .await;
+    let clusters: Api<CdnCluster> = Api::namespaced(client.clone(), &ns);
+    eventually(
+        "after-failover deployed by the new leader",
+        WAIT,
+        || async {
+            let cluster = clusters.get_opt("after-failover").await.ok()??;
+            let status = cluster.status?;
+            let current = status.observed_generation == cluster.metadata.generation;
+            status
+                .state
+                .filter(|s| current && matches!(s, State::Deploying | State::Running))
+        },
+    )
+    .await;
+}
+
+/// A cache of the pool: one replica, a small cache (its emptyDir and ephemeral-storage request
+/// follow `cache.size`), fetching from the origin Service.
+fn pool_cache() -> serde_json::Value {
+    json!({
+        "role": "cache",
+        "replicas": 1,
+        "cache": {"size": "256m"},
+        "sources": [{"name": "store", "origin": {"service": {"name": "origin", "port": 8080}}}],
+    })
+}
+
+/// GETs each of `urls` through the balancer at `edge`: the responses when every one is 200 with
+/// the origin's body, else what failed first.
+async fn serve_all(
+    edge: std::net::SocketAddr,
+    urls: &[String],
+) -> Result<Vec<cdn_operator_testkit::Response>, String> {
+    let mut responses = Vec::new();
+    for url in urls {
+        let response = http_get(edge, url)
+            .await
+            .map_err(|e| format!("GET {url}: {e}"))?;
+        if response.status != 200 || response.body != ORIGIN_BODY {
+            return Err(format!("GET {url}: {response:?}"));
+        }
+        responses.push(response);
+    }
+    Ok(responses)
+}
+
+fn members(responses: &[cdn_operator_testkit::Response]) -> BTreeSet<String> {
+    responses.iter().filter_map(answering_upstream).collect()
+}
+
+fn pod_address(pod: &Pod) -> String {
+    let ip = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.pod_ip.clone())
+        .unwrap_or_else(|| panic!("pod {} has no IP", pod.name_any()));
+    format!("{ip}:{LISTEN_PORT}")
+}
+
+#[tokio::test]
+async fn a_balancer_a_pool_of_two_caches_and_an_origin_serve_miss_then_hit_and_follow_recreated_sources(
+) {
+    let Some(mut t) = NodeTest::new("cdn", Scope::Namespace).await else {
+        return;
+    };
+    let client = t.client.clone();
+    let ns = t.namespace("cdn").await;
+    t.helm_install(&ns, "cdn", &["--set=singleNamespace.enabled=true".into()])
+        .await;
+    operator_ready_and_leading(&client, &ns).await;
+
+    // origin ← cache-1, cache-2 (a pool: no pathCondition) ← edge; and cache-live, whose origin
+    // name does not resolve, on ^/live/: its nginx must start and be Ready all the same.
+    apply_origin(&client, &ns, &t.nginx_image).await;
+    for cache in ["cache-1", "cache-2"] {
+        apply_cluster(&client, &ns, cache, pool_cache()).await;
+    }
+    apply_cluster(
+        &client,
+        &ns,
+        "cache-live",
+        json!({
+            "role": "cache",
+            "cache": {"size": "256m"},
+            "sources": [{"name": "live-origin", "origin": {"url": "http://live.example.com:8080/hls"}}],
+        }),
+    )
+    .await;
+    apply_cluster(
+        &client,
+        &ns,
+        "edge",
+        json!({
+            "role": "balancer",
+            "replicas": 1,
+            "sources": [
+                {"name": "cache-live", "pathCondition": "^/live/"},
+                {"name": "cache-1"},
+                {"name": "cache-2"},
+            ],
+        }),
+    )
+    .await;
+    let origin = ready_pods(&client, &ns, ORIGIN_PODS, 1, WAIT).await[0].name_any();
+    for name in ["cache-1", "cache-2", "cache-live", "edge"] {
+        let pods = cluster_running(&client, &ns, name, WAIT).await;
+        assert_image(&pods, "nginx", &t.nginx_image);
+    }
+    let edge = service_address(&client, &ns, "edge", SERVICE_PORT_NAME).await;
+
+    // Through the balancer's Service: the first answer once the names resolve.
+    let started = Instant::now();
+    until("the balancer serving the origin's body", FOLLOW, || async {
+        serve_all(edge, &["/vod/warm-up.ts".to_string()]).await
+    })
+    .await;
+    say(&format!(
+        "node cdn: first answer through {edge} {:?} after every pod was Ready",
+        started.elapsed()
+    ));
+
+    // A MISS fetched from the origin, then a HIT that does not reach it.
+    let path = "/vod/a.ts";
+    let miss = http_get(edge, path).await.expect("GET /vod/a.ts");
+    assert_eq!(
+        (miss.status, miss.body.as_str()),
+        (200, ORIGIN_BODY),
+        "{miss:?}"
+    );
+    assert_eq!(miss.header(CACHE_STATUS_HEADER), Some("MISS"), "{miss:?}");
+    assert_eq!(
+        miss.header(ORIGIN_POD_HEADER),
+        Some(origin.as_str()),
+        "{miss:?}"
+    );
+    let member = answering_upstream(&miss).expect("X-Cdn-Upstream on a pool's answer");
+    until(
+        "the origin's log of the MISS: one request",
+        Duration::from_secs(20),
+        || async {
+            match origin_requests(&client, &ns, &origin, path).await {
+                1 => Ok(()),
+                n => Err(format!("{n} requests for {path} in the logs of {origin}")),
+            }
+        },
+    )
+    .await;
+    let hit = http_get(edge, path).await.expect("GET /vod/a.ts again");
+    assert_eq!(
+        (hit.status, hit.body.as_str()),
+        (200, ORIGIN_BODY),
+        "{hit:?}"
+    );
+    assert_eq!(hit.header(CACHE_STATUS_HEADER), Some("HIT"), "{hit:?}");
+    assert_eq!(
+        answering_upstream(&hit).as_deref(),
+        Some(member.as_str()),
+        "one URI, one member of the pool"
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        origin_requests(&client, &ns, &origin, path).await,
+        1,
+        "the HIT did not reach the origin"
+    );
+
+    // The live route: nginx runs without its origin's address and answers an error at once.
+    let live = http_get(edge, "/live/index.m3u8")
+        .await
+        .expect("GET /live/index.m3u8");
+    assert!(
+        matches!(live.status, 502 | 504),
+        "an origin that does not resolve: {live:?}"
+    );
+
+    // A source re-created: the cache that served /vod/a.ts deleted, then created again.
+    let mut caches = Vec::new();
+    for name in ["cache-1", "cache-2"] {
+        let pods = ready_pods(&client, &ns, &cluster_pods(name), 1, WAIT).await;
+        caches.push((name, pod_address(&pods[0])));
+    }
+    let (gone, kept) = if caches[0].1 == member {
+        (caches[0].clone(), caches[1].clone())
+    } else {
+        assert_eq!(
+            caches[1].1, member,
+            "the member {member} is a cache of the pool: {caches:?}"
+        );
+        (caches[1].clone(), caches[0].clone())
+    };
+    let clusters: Api<CdnCluster> = Api::namespaced(client.clone(), &ns);
+    clusters
+        .delete(gone.0, &DeleteParams::background())
+        .await
+        .unwrap_or_else(|e| panic!("deleting {}: {e}", gone.0));
+    pods_gone(&client, &ns, &cluster_pods(gone.0), WAIT).await;
+    // Meanwhile the pool fails over to the member left.
+    let during: Vec<String> = (0..8).map(|i| format!("/vod/during-{i}.ts")).collect();
+    let started = Instant::now();
+    until(
+        &format!("every path served by {} while {} is gone", kept.0, gone.0),
+        FOLLOW,
+        || async {
+            let responses = serve_all(edge, &during).await?;
+            let seen = members(&responses);
+            (seen == BTreeSet::from([kept.1.clone()]))
+                .then_some(())
+                .ok_or(format!("members {seen:?}"))
+        },
+    )
+    .await;
+    say(&format!(
+        "node cdn: {} alone serves the pool {:?} after {} went",
+        kept.0,
+        started.elapsed(),
+        gone.0
+    ));
+    let recreated = Instant::now();
+    apply_cluster(&client, &ns, gone.0, pool_cache()).await;
+    let new_pods = cluster_running(&client, &ns, gone.0, WAIT).await;
+    let running = recreated.elapsed();
+    let new_member = pod_address(&new_pods[0]);
+    let follow: Vec<String> = (0..16).map(|i| format!("/vod/follow-{i}.ts")).collect();
+    until(
+        &format!("the pool through the re-created {} ({new_member})", gone.0),
+        FOLLOW,
+        || async {
+            let responses = serve_all(edge, &follow).await?;
+            let seen = members(&responses);
+            let expected = BTreeSet::from([kept.1.clone(), new_member.clone()]);
+            (seen == expected)
+                .then_some(())
+                .ok_or(format!("members {seen:?}, expected {expected:?}"))
+        },
+    )
+    .await;
+    say(&format!(
+        "node cdn: re-created {} Running in {running:?}, serving through the balancer in {:?}",
+        gone.0,
+        recreated.elapsed()
+    ));
+    cluster_running(&client, &ns, "edge", WAIT).await;
+
+    // The origin re-created (a new pod, a new ClusterIP): both caches fetch from it.
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+    let services: Api<Service> = Api::namespaced(client.clone(), &ns);
+    deployments
+        .delete("origin", &DeleteParams::background())
+        .await
+        .expect("deleting Deployment origin");
+    services
+        .delete("origin", &DeleteParams::default())
+        .await
+        .expect("deleting Service origin");
+    pods_gone(&client, &ns, ORIGIN_PODS, WAIT).await;
+    eventually("Service origin gone", WAIT, || async {
+        services
+            .get_opt("origin")
+            .await
+            .ok()?
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    let recreated = Instant::now();
+    apply_origin(&client, &ns, &t.nginx_image).await;
+    let new_origin = ready_pods(&client, &ns, ORIGIN_PODS, 1, WAIT).await[0].name_any();
+    let mut round = 0;
+    until(
+        "the caches fetching from the re-created origin",
+        FOLLOW,
+        || {
+            round += 1;
+            let fresh: Vec<String> = (0..16)
+                .map(|i| format!("/vod/origin-{round}-{i}.ts"))
+                .collect();
+            let new_origin = new_origin.clone();
+            async move {
+                let responses = serve_all(edge, &fresh).await?;
+                for response in &responses {
+                    let fetched = response.header(CACHE_STATUS_HEADER) == Some("MISS")
+                        && response.header(ORIGIN_POD_HEADER) == Some(new_origin.as_str());
+                    if !fetched {
+                        return Err(format!("not a MISS from {new_origin}: {response:?}"));
+                    }
+                }
+                let seen = members(&responses);
+                (seen.len() == 2)
+                    .then_some(())
+                    .ok_or(format!("only {seen:?} of the pool answered"))
+            }
+        },
+    )
+    .await;
+    say(&format!(
+        "node cdn: the caches fetch from the re-created origin {new_origin} {:?} after it was applied",
+        recreated.elapsed()
+    ));
+}
+
+#[tokio::test]
+async fn the_seed_examples_run_on_pods_under_restricted_pod_security() {
+    let Some(mut t) = NodeTest::new("seed", Scope::Namespace).await else {
+        return;
+    };
+    let client = t.client.clone();
+    let ns = t.namespace("seed").await;
+    t.helm_install(&ns, "seed", &["--set=singleNamespace.enabled=true".into()])
+        .await;
+    operator_ready_and_leading(&client, &ns).await;
+    // Unchanged, as the README's quick start applies them.
+    let seeds = repository_root().join("e2e/fixtures/seed-examples");
+    run(
+        Command::new("kubectl")
+            .args(["apply", "-n", &ns, "-f"])
+            .arg(&seeds),
+        "kubectl apply -f seed-examples/",
+    );
+    for name in ["balancer", "cache-live", "cache-vod"] {
+        let pods = cluster_running(&client, &ns, name, WAIT).await;
+        assert_image(&pods, "nginx", &t.nginx_image);
+    }
+    // The seed's At (`echo YAY`, a schedule in the past) runs at once.
+    at_done_in_a_pod(&client, &ns, "example-at", "YAY", &t.nginx_image).await;
+}
+
+/// At `name` of `ns` ends DONE, Succeeded; its pod `<name>-pod` ran `image` to Succeeded and its
+/// logs (`pods/log`) hold `output`.
+async fn at_done_in_a_pod(client: &Client, ns: &str, name: &str, output: &str, image: &str) {
+    let ats: Api<At> = Api::namespaced(client.clone(), ns);
+    let status = eventually(&format!("At {ns}/{name} DONE"), WAIT, || async {
+        let status = ats.get_opt(name).await.ok()??.status?;
+        (status.phase == Some(Phase::Done)).then_some(status)
+    })
+    .await;
+    assert_eq!(status.outcome, Some(Outcome::Succeeded), "{status:?}");
+    let pod_name = format!("{name}-pod");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let pod = pods
+        .get(&pod_name)
+        .await
+        .unwrap_or_else(|e| panic!("pod {pod_name}: {e}"));
+    assert_eq!(
+        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Succeeded"),
+        "{:?}",
+        pod.status
+    );
+    assert_image(&[pod], "busybox", image);
+    let logs = pods
+        .logs(&pod_name, &Default::default())
+        .await
+        .unwrap_or_else(|e| panic!("the logs of {pod_name}: {e}"));
+    assert!(
+        logs.contains(output),
+        "pod {pod_name} printed {logs:?}, not {output:?}"
+    );
+}
+
+#[tokio::test]
+async fn an_at_runs_its_command_in_a_pod_whose_logs_hold_the_output() {
+    let Some(mut t) = NodeTest::new("at", Scope::Namespace).await else {
+        return;
+    };
+    let client = t.client.clone();
+    let ns = t.namespace("at").await;
+    t.helm_install(&ns, "at", &["--set=singleNamespace.enabled=true".into()])
+        .await;
+    operator_ready_and_leading(&client, &ns).await;
+    let token = format!(
+        "{:x}",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock after 1970")
+            .as_nanos()
+            ^ u128::from(std::process::id())
+    );
+    let output = format!("node-e2e-{token}");
+    let at: At = serde_json::from_value(json!({
+        "apiVersion": "cnat.programming-kubernetes.info/v1alpha1", "kind": "At",
+        "metadata": {"name": "token"},
+        "spec": {"schedule": "2019-04-12T10:12:00Z", "command": format!("echo {output}")},
+    }))
+    .expect("an At");
+    Api::<At>::namespaced(client.clone(), &ns)
+        .create(&PostParams::default(), &at)
+        .await
+        .expect("creating the At");
+    at_done_in_a_pod(&client, &ns, "token", &output, &t.nginx_image).await;
+}
