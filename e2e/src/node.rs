@@ -370,16 +370,11 @@ impl Drop for NodeTest {
         // The releases first: the pre-delete hook releases the At pods, and the cluster-scoped
         // RBAC goes with them.
         for (ns, name) in std::mem::take(&mut self.releases) {
+            // The hook Job gets 2 minutes here: a failed test may have left no pod able to
+            // start; then the release goes without it.
             let uninstall = |extra: &[&str]| {
                 Command::new(helm())
-                    .args([
-                        "uninstall",
-                        &name,
-                        "--namespace",
-                        &ns,
-                        "--timeout",
-                        TOOL_TIMEOUT,
-                    ])
+                    .args(["uninstall", &name, "--namespace", &ns, "--timeout", "2m"])
                     .args(extra)
                     .output()
             };
