@@ -84,6 +84,7 @@ install_packages() {
   command -v mmdebstrap >/dev/null || need+=(mmdebstrap)
   command -v buildah >/dev/null || need+=(buildah)
   command -v iptables >/dev/null || need+=(iptables)
+  command -v nft >/dev/null || need+=(nftables)
   command -v openssl >/dev/null || need+=(openssl)
   if ((${#need[@]})); then
     say "installing ${need[*]}"
@@ -182,6 +183,12 @@ restore_machine_state() {
       "$family" -t "$t" -F && "$family" -t "$t" -X || say "could not flush $family table $t"
     done
     "$family-restore" <"$NODE_DIR/saved/$family"
+    # iptables-nft leaves a table it made, emptied, behind: the tables the machine had none of go.
+    local nft_family=ip
+    [[ $family == ip6tables ]] && nft_family=ip6
+    for t in $("$family-save" | sed -n 's/^\*//p'); do
+      grep -qx "\*$t" "$NODE_DIR/saved/$family" || nft delete table "$nft_family" "$t" 2>/dev/null || true
+    done
   done
   while IFS='=' read -r c v; do sysctl -qw "$c=$v" || say "could not restore $c=$v"; done <"$NODE_DIR/saved/sysctl"
   rm -rf "$NODE_DIR/saved"
