@@ -447,6 +447,12 @@ down() {
     done
   fi
   for p in kube-scheduler kube-controller-manager kube-apiserver etcd containerd; do stop "$p"; done
+  # A sandbox's shim can outlive its deleted task: the shims of this containerd (their address is
+  # its socket) are stopped too.
+  local pid
+  for pid in $(pgrep -f -- "-address $CTR_SOCK" || true); do
+    kill -KILL "$pid" 2>/dev/null && say "killed a containerd shim ($pid)"
+  done
   # What the kubelet and containerd mounted (volumes, sandboxes' network namespaces, rootfs).
   local m
   for m in $(awk -v d="$NODE_DIR/" 'index($2, d) == 1 {print $2}' /proc/self/mounts | sort -r); do
