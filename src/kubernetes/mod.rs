@@ -8,6 +8,7 @@ pub mod compact;
 pub mod events;
 pub mod fields;
 pub mod index;
+pub mod problems;
 pub mod record;
 pub mod records;
 pub(crate) mod restricted;

@@ -63,6 +63,49 @@ pub struct Rollout {
     pub updated_replicas: Option<i32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ready_replicas: Option<i32>,
+    /// Whether the rollout exceeded its progress deadline (a Deployment's `Progressing`
+    /// condition, False with reason `ProgressDeadlineExceeded`): the one condition a status
+    /// reads, kept as a flag, written back as that condition alone.
+    #[serde(
+        default,
+        rename = "conditions",
+        skip_serializing_if = "std::ops::Not::not",
+        with = "deadline"
+    )]
+    pub deadline_exceeded: bool,
+}
+
+/// [`Rollout::deadline_exceeded`] read from and written as a status's `conditions`.
+mod deadline {
+    use crate::kubernetes::problems::PROGRESS_DEADLINE_EXCEEDED;
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    #[derive(Deserialize, Serialize)]
+    struct Condition {
+        #[serde(rename = "type")]
+        type_: String,
+        status: String,
+        #[serde(default)]
+        reason: Option<String>,
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<bool, D::Error> {
+        let conditions = Option::<Vec<Condition>>::deserialize(deserializer)?;
+        Ok(conditions.into_iter().flatten().any(|c| {
+            c.type_ == "Progressing"
+                && c.status == "False"
+                && c.reason.as_deref() == Some(PROGRESS_DEADLINE_EXCEEDED)
+        }))
+    }
+
+    pub fn serialize<S: Serializer>(exceeded: &bool, serializer: S) -> Result<S::Ok, S::Error> {
+        let condition = Condition {
+            type_: "Progressing".into(),
+            status: "False".into(),
+            reason: Some(PROGRESS_DEADLINE_EXCEEDED.into()),
+        };
+        [condition][..usize::from(*exceeded)].serialize(serializer)
+    }
 }
 
 /// The applied hash as cached: 16 lowercase hex digits (what [`hash`] writes), or
