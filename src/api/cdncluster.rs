@@ -36,6 +36,7 @@ pub const MAX_NAME_LEN: usize = 63 - "-deployment".len();
     printcolumn = r#"{"name":"Role","type":"string","jsonPath":".spec.role","description":"balancer or cache"}"#,
     printcolumn = r#"{"name":"State","type":"string","jsonPath":".status.state","description":"WaitingSource, Deploying, Running, Invalid or Error"}"#,
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.ready","description":"ready replicas / desired replicas"}"#,
+    printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].reason","description":"why the cluster is or is not ready: Running, Deploying, CrashLoopBackOff, ImagePullBackOff, Unschedulable…"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]

@@ -7,6 +7,7 @@ use super::nginx::{
 };
 use super::sources::{SERVICE_PORT, TLS_SERVICE_PORT};
 use crate::api::{CdnCluster, Role};
+use crate::kubernetes::problems::INSTANCE_LABEL;
 use crate::kubernetes::restricted::RunAs;
 use crate::nginx_metrics as metrics;
 use k8s_openapi::api::apps::v1::{
@@ -352,7 +353,7 @@ pub fn cache_volume_mib(size: &str) -> u64 {
 pub fn labels(cluster: &CdnCluster) -> BTreeMap<String, String> {
     BTreeMap::from([
         ("app.kubernetes.io/name".into(), "cdncluster".into()),
-        ("app.kubernetes.io/instance".into(), cluster.name_any()),
+        (INSTANCE_LABEL.into(), cluster.name_any()),
         (
             "app.kubernetes.io/component".into(),
             cluster.spec.role.as_str().into(),
@@ -383,6 +384,12 @@ fn config_map(cluster: &CdnCluster, config: String) -> ConfigMap {
         ])),
         ..ConfigMap::default()
     }
+}
+
+/// The label selector of the pods of every CdnCluster, for the watch of their problems; a pod's
+/// instance label names its cluster.
+pub fn pod_watch_selector() -> String {
+    format!("{MANAGED_BY_LABEL}={MANAGED_BY},app.kubernetes.io/name=cdncluster")
 }
 
 /// The labels that select the pods of the cluster `name` (the seed's).
@@ -786,6 +793,9 @@ fn deployment(cluster: &CdnCluster, run_as: &RunAs, images: &PodImages) -> Deplo
                 .collect(),
         ),
         readiness_probe: Some(probe(0)),
+        // nginx's last lines, kept by the kubelet when it stops on an error: the CdnCluster's
+        // status quotes its last `[emerg]`.
+        termination_message_policy: Some("FallbackToLogsOnError".into()),
         liveness_probe: Some(probe(5)),
         resources: Some(resources(cluster, cache_volume.as_ref())),
         // Told to stop, the pod goes on serving while it leaves the endpoints, then nginx stops

@@ -14,6 +14,7 @@ use crate::kubernetes::apply;
 use crate::kubernetes::cache::{self, Arrivals, Scope, Watches};
 use crate::kubernetes::compact::Compact;
 use crate::kubernetes::events::Events;
+use crate::kubernetes::problems::{PodProblems, PodSummary};
 use crate::kubernetes::records::Records;
 use crate::kubernetes::restricted::RunAs;
 use crate::reconcile::{self, Shared};
@@ -53,6 +54,8 @@ pub struct Context {
     pub services: Records,
     pub pod_disruption_budgets: Records,
     pub ingresses: Records,
+    /// The problems of the clusters' pods, by cluster: only pods that have one are kept.
+    pub pods: PodProblems,
     /// How long a reconcile waits for its writes to reach the caches; zero where no watch fills
     /// them (tests that fill the caches by hand).
     pub writes_visible_within: Duration,
@@ -79,8 +82,9 @@ impl reconcile::Context for Context {
     }
 }
 
-/// Builds the controller and its watches: CdnClusters, and the children the operator labelled as
-/// its own. A change of a CdnCluster also triggers the CdnClusters that list it as a source,
+/// Builds the controller and its watches: CdnClusters, the children the operator labelled as
+/// its own, and their pods (a change of a pod's problem reconciles its cluster, named by the
+/// pod's instance label). A change of a CdnCluster also triggers the CdnClusters that list it as a source,
 /// looked up in an index the CdnCluster watch keeps ([`Parents`]). After a cache lists again,
 /// every CdnCluster is reconciled ([`Relists`]).
 pub fn controller(
@@ -111,6 +115,12 @@ pub fn controller(
     );
     let (ingresses, ingress_events) =
         watches.cached_records(scope.api::<Compact<Ingress>>(client.clone()), children);
+    let pods = PodProblems::default();
+    let pod_events = watches.indexed(
+        scope.api::<PodSummary>(client.clone()),
+        watcher::Config::default().labels(&build::pod_watch_selector()),
+        pods.writer(),
+    );
 
     let (parents_tx, parents_rx) = mpsc::unbounded_channel();
     let cluster_arrivals = Arrivals::default();
@@ -131,6 +141,7 @@ pub fn controller(
         .owns_stream(service_events.touched_objects())
         .owns_stream(budget_events.touched_objects())
         .owns_stream(ingress_events.touched_objects())
+        .watches_stream(pod_events.touched_objects(), cluster_of)
         .reconcile_on(UnboundedReceiverStream::new(parents_rx))
         .reconcile_all_on(leadership.acquired())
         .reconcile_all_on(watches.relists.listed_again())
@@ -149,11 +160,18 @@ pub fn controller(
         services,
         pod_disruption_budgets,
         ingresses,
+        pods,
         writes_visible_within: cache::WRITES_VISIBLE_WITHIN,
         cluster_domain: settings.cluster_domain,
         images: settings.images,
     });
     (context, controller)
+}
+
+/// The CdnCluster a pod of its Deployment belongs to: the pod's instance label.
+fn cluster_of(pod: PodSummary) -> Option<ObjectRef<CdnCluster>> {
+    let namespace = pod.metadata.namespace.as_deref()?;
+    Some(ObjectRef::new(pod.instance()?).within(namespace))
 }
 
 /// Nothing reads a CdnCluster's labels.
@@ -210,7 +228,7 @@ pub async fn reconcile(cluster: Arc<CdnCluster>, ctx: Arc<Context>) -> Result<Ac
     let mut written = Written::new(ctx.writes_visible_within);
     // Validate → build → apply: what the status is made from. A refused child fails the
     // reconcile once the status says so.
-    let (deployment, refusal, failed);
+    let (deployment, pods, refusal, failed);
     let observed = match &resolved {
         Err(problem) => {
             let why = status::describe(problem);
@@ -223,7 +241,8 @@ pub async fn reconcile(cluster: Arc<CdnCluster>, ctx: Arc<Context>) -> Result<Ac
             match children::apply(&ctx, &namespace, desired, &mut written).await {
                 Ok(last_known) => {
                     (deployment, failed) = (last_known, None);
-                    Observed::Deployed(deployment.as_ref())
+                    pods = ctx.pods.worst(&namespace, &name);
+                    Observed::Deployed(deployment.as_ref(), pods.as_ref())
                 }
                 // The namespace is being deleted, and the cluster with it: nothing to report.
                 Err(error) if reconcile::Failure::is_namespace_terminating(&error) => {

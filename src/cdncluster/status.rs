@@ -5,6 +5,7 @@ use super::Error;
 use crate::api::{CdnCluster, CdnClusterStatus, State};
 pub use crate::kubernetes::apply::Change;
 pub use crate::kubernetes::events::Notice;
+use crate::kubernetes::problems;
 use crate::reconcile::conditions::{set_condition, ConditionStatus};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::ObjectReference;
@@ -22,8 +23,9 @@ pub const STALLED: &str = "Stalled";
 #[derive(Clone, Copy)]
 pub enum Observed<'a> {
     Problem(&'a Problem),
-    /// Children are applied; the Deployment as last seen (None right after it was created).
-    Deployed(Option<&'a Deployment>),
+    /// Children are applied; the Deployment as last seen (None right after it was created), and
+    /// the most telling problem of the cluster's pods, if one has any.
+    Deployed(Option<&'a Deployment>, Option<&'a problems::Problem>),
     /// The API server refused a child.
     Refused(&'a Refusal),
 }
@@ -157,7 +159,7 @@ pub fn desired(cluster: &CdnCluster, observed: Observed<'_>, now: &Time) -> CdnC
             }
             State::Error
         }
-        Observed::Deployed(deployment) => {
+        Observed::Deployed(deployment, _) => {
             let ready = ready_replicas(deployment);
             status.replicas = Some(replicas);
             status.ready_replicas = Some(ready);
@@ -168,14 +170,30 @@ pub fn desired(cluster: &CdnCluster, observed: Observed<'_>, now: &Time) -> CdnC
                 "SourcesFound",
                 "Every source exists".into(),
             );
-            set(STALLED, False, "Deployed", "Children are applied".into());
+            let deadline_exceeded = deployment.is_some_and(problems::deadline_exceeded);
             if rolled_out(deployment, replicas) {
                 let message = format!("{ready}/{replicas} replicas are ready");
+                set(STALLED, False, "Deployed", "Children are applied".into());
                 set(READY, True, "Running", message.clone());
                 set(RECONCILING, False, "Running", message);
                 State::Running
+            } else if let Some(problem) = problem(&observed) {
+                // Why the replicas are not ready, at once; Stalled only once the Deployment
+                // itself gave up (kstatus's rule for a Deployment): a pod that cannot start
+                // may yet (a node added, a Secret created).
+                let (reason, message) = (problem.reason, problem.message);
+                set(READY, False, reason, message.clone());
+                if deadline_exceeded {
+                    set(RECONCILING, False, reason, message.clone());
+                    set(STALLED, True, problems::PROGRESS_DEADLINE_EXCEEDED, message);
+                } else {
+                    set(RECONCILING, True, reason, message);
+                    set(STALLED, False, "Deployed", "Children are applied".into());
+                }
+                State::Deploying
             } else {
                 let message = format!("{ready}/{replicas} replicas are ready, rolling out");
+                set(STALLED, False, "Deployed", "Children are applied".into());
                 set(READY, False, "Deploying", message.clone());
                 set(RECONCILING, True, "Deploying", message);
                 State::Deploying
@@ -185,6 +203,17 @@ pub fn desired(cluster: &CdnCluster, observed: Observed<'_>, now: &Time) -> CdnC
     status.state = Some(state);
     status.selector = Some(super::build::pod_selector_string(&cluster.name_any()));
     status
+}
+
+/// Why the replicas of a deployed cluster are not ready, if something says: its pods' most
+/// telling problem, else its Deployment's exceeded progress deadline.
+pub fn problem(observed: &Observed<'_>) -> Option<problems::Problem> {
+    let Observed::Deployed(deployment, pods) = observed else {
+        return None;
+    };
+    let deadline = deployment.is_some_and(problems::deadline_exceeded);
+    pods.cloned()
+        .or_else(|| deadline.then(problems::progress_deadline_exceeded))
 }
 
 /// A reference to the CdnCluster `name`, which may not exist (yet).
@@ -293,6 +322,15 @@ pub fn notices(
                 let notice =
                     Notice::warning("ApplyFailed", msg.map(String::from).unwrap_or_default());
                 out.push(notice.about(refusal.child.clone()));
+            }
+        }
+        // One Warning per distinct problem: not one per retry of the kubelet (the message is
+        // the same), nor one per reconcile.
+        (Some(State::Deploying), _) if problem(observed).is_some() => {
+            let problem = problem(observed).expect("matched");
+            let ready = before(READY).map(|c| (c.reason.to_string(), c.message.to_string()));
+            if ready != Some((problem.reason.to_string(), problem.message.clone())) {
+                out.push(Notice::warning(problem.reason, problem.message));
             }
         }
         (Some(State::Running), _) if previous.state != Some(State::Running) => {

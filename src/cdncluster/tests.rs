@@ -992,18 +992,18 @@ fn deployment(ready: i32, updated: i32, generation: i64, observed: i64) -> Deplo
 #[test]
 fn status_follows_the_deployment() {
     let c = cluster("c", Role::Cache, vec![]);
-    let s = status::desired(&c, Observed::Deployed(None), &now());
+    let s = status::desired(&c, Observed::Deployed(None, None), &now());
     assert_eq!(s.state, Some(State::Deploying));
     assert_eq!(s.ready.as_deref(), Some("0/1"));
     let s = status::desired(
         &c,
-        Observed::Deployed(Some(&deployment(1, 1, 2, 1))),
+        Observed::Deployed(Some(&deployment(1, 1, 2, 1)), None),
         &now(),
     );
     assert_eq!(s.state, Some(State::Deploying), "old generation observed");
     let s = status::desired(
         &c,
-        Observed::Deployed(Some(&deployment(1, 1, 2, 2))),
+        Observed::Deployed(Some(&deployment(1, 1, 2, 2)), None),
         &now(),
     );
     assert_eq!(s.state, Some(State::Running));
@@ -1061,11 +1061,11 @@ fn invalid_and_running_transitions_emit_one_event_each() {
     });
     let s = status::desired(
         &c,
-        Observed::Deployed(Some(&deployment(1, 1, 1, 1))),
+        Observed::Deployed(Some(&deployment(1, 1, 1, 1)), None),
         &now(),
     );
     let ready = deployment(1, 1, 1, 1);
-    let n = status::notices(&c, &s, &Observed::Deployed(Some(&ready)), &[]);
+    let n = status::notices(&c, &s, &Observed::Deployed(Some(&ready), None), &[]);
     assert_eq!(n.iter().map(|n| n.reason).collect::<Vec<_>>(), ["Running"]);
 }
 
@@ -1152,7 +1152,7 @@ fn a_refused_child_is_reported_once_per_message_naming_the_child() {
 
     // Applied again: the state leaves Error.
     c.status = Some(s);
-    let s = status::desired(&c, Observed::Deployed(None), &now());
+    let s = status::desired(&c, Observed::Deployed(None, None), &now());
     assert_eq!(s.state, Some(State::Deploying));
     assert!(!crate::reconcile::conditions::is_true(
         &s.conditions,
@@ -1172,9 +1172,9 @@ fn each_child_change_is_one_event() {
         child("Service", "c", status::Change::Created),
         child("Deployment", "c-deployment", status::Change::Created),
     ];
-    let s = status::desired(&c, Observed::Deployed(None), &now());
+    let s = status::desired(&c, Observed::Deployed(None, None), &now());
     let events = |c: &CdnCluster, changes: &[status::ChildChange]| {
-        status::notices(c, &s, &Observed::Deployed(None), changes)
+        status::notices(c, &s, &Observed::Deployed(None, None), changes)
             .into_iter()
             .map(|n| (n.reason, n.warning, n.message))
             .collect::<Vec<_>>()
@@ -1494,4 +1494,113 @@ fn nginx_closes_the_requests_in_flight_itself_before_the_pod_is_killed() {
         build::children(&cluster, &[], &RunAs::default(), &Default::default()).deployment;
     let pod = deployment.spec.unwrap().template.spec.unwrap();
     assert_eq!(pod.termination_grace_period_seconds, Some(600));
+}
+
+/// A CdnCluster, its Deployment and a pod as a v1.36.2 server and kubelet wrote them.
+fn real_node<K: serde::de::DeserializeOwned>(file: &str) -> K {
+    let path = format!(
+        "{}/tests/fixtures/real-node/{file}.json",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+fn pod_problem(file: &str) -> Option<crate::kubernetes::problems::Problem> {
+    let pod: k8s_openapi::api::core::v1::Pod = real_node(file);
+    crate::kubernetes::problems::of_pod(pod.status.as_ref().unwrap())
+}
+
+/// The status says why the replicas are not ready, once, in a condition and a Warning; the same
+/// world again changes nothing; a pod that recovers clears it.
+#[test]
+fn replicas_that_cannot_start_are_reported_with_their_reason_once() {
+    use crate::reconcile::conditions::{find, is_true};
+    let mut c: CdnCluster = real_node("cdncluster-rootimage");
+    c.status = None;
+    let d: Deployment = real_node("deployment-rootimage");
+    let problem = pod_problem("pod-rootimage");
+    let observed = Observed::Deployed(Some(&d), problem.as_ref());
+    let s = status::desired(&c, observed, &now());
+    assert_eq!(s.state, Some(State::Deploying));
+    let ready = find(&s.conditions, status::READY).unwrap();
+    assert_eq!(
+        (
+            ready.status.as_str(),
+            ready.reason.as_str(),
+            ready.message.as_str()
+        ),
+        (
+            "False",
+            "CreateContainerConfigError",
+            "container nginx cannot start: container has runAsNonRoot and image will run as root"
+        )
+    );
+    assert!(is_true(&s.conditions, status::RECONCILING));
+    assert!(
+        !is_true(&s.conditions, status::STALLED),
+        "the Deployment has not given up: a change elsewhere may yet fix it"
+    );
+    let n = status::notices(&c, &s, &observed, &[]);
+    assert_eq!(
+        n.iter().map(|n| (n.reason, n.warning)).collect::<Vec<_>>(),
+        [("CreateContainerConfigError", true)]
+    );
+    assert_eq!(n[0].message, ready.message.to_string());
+
+    c.status = Some(s.clone());
+    let again = status::desired(&c, observed, &now());
+    assert_eq!(again, s, "the same world: the same status, no write");
+    assert!(status::notices(&c, &again, &observed, &[]).is_empty());
+
+    let recovered = Observed::Deployed(Some(&d), None);
+    let s = status::desired(&c, recovered, &now());
+    let ready = find(&s.conditions, status::READY).unwrap();
+    assert_eq!(
+        ready.reason.to_string(),
+        "Deploying",
+        "the problem is cleared"
+    );
+    assert!(status::notices(&c, &s, &recovered, &[]).is_empty());
+}
+
+/// A crash loop past the Deployment's progress deadline: the pods' reason, and Stalled.
+#[test]
+fn a_rollout_past_its_deadline_is_stalled_with_the_pods_reason() {
+    use crate::reconcile::conditions::{find, is_true};
+    let mut c: CdnCluster = real_node("cdncluster-crash");
+    c.status = None;
+    let d: Deployment = real_node("deployment-crash");
+    let problem = pod_problem("pod-crash-logs");
+    let s = status::desired(&c, Observed::Deployed(Some(&d), problem.as_ref()), &now());
+    let ready = find(&s.conditions, status::READY).unwrap();
+    assert_eq!(ready.reason.to_string(), "CrashLoopBackOff");
+    assert!(
+        ready.message.contains("cksum: not found"),
+        "{}",
+        ready.message
+    );
+    let stalled = find(&s.conditions, status::STALLED).unwrap();
+    assert_eq!(
+        (stalled.status.as_str(), stalled.reason.as_str()),
+        ("True", "ProgressDeadlineExceeded")
+    );
+    assert!(!is_true(&s.conditions, status::RECONCILING));
+
+    // No pod says more (they are gone, or merely not ready): the deadline is the reason.
+    let s = status::desired(&c, Observed::Deployed(Some(&d), None), &now());
+    let ready = find(&s.conditions, status::READY).unwrap();
+    assert_eq!(ready.reason.to_string(), "ProgressDeadlineExceeded");
+}
+
+/// Every replica ready: Running, whatever an old pod on its way out says.
+#[test]
+fn a_rolled_out_cluster_runs_whatever_a_pod_says() {
+    let c = cluster("c", Role::Cache, vec![]);
+    let problem = pod_problem("pod-crash");
+    let s = status::desired(
+        &c,
+        Observed::Deployed(Some(&deployment(1, 1, 1, 1)), problem.as_ref()),
+        &now(),
+    );
+    assert_eq!(s.state, Some(State::Running));
 }

@@ -369,7 +369,7 @@ where
             let resolved = sources::resolve(cluster, lookup, sources::DEFAULT_CLUSTER_DOMAIN);
             let observed = match &resolved {
                 Err(problem) => Observed::Problem(problem),
-                Ok(_) => Observed::Deployed(None),
+                Ok(_) => Observed::Deployed(None, None),
             };
             // Only the state and the messages are read, which do not depend on the time.
             status::desired(cluster, observed, &Time(jiff::Timestamp::UNIX_EPOCH))

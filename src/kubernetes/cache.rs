@@ -236,6 +236,23 @@ impl Watches {
         (records, stream)
     }
 
+    /// A watch of `api` feeding `index`, and the stream of the events that may call for a
+    /// reconcile (an update the index says changed nothing it keeps is not passed on), to be
+    /// polled by a controller. No reconcile waits on such an index for its writes.
+    pub fn indexed<K, I>(
+        &self,
+        api: Api<K>,
+        config: watcher::Config,
+        index: I,
+    ) -> impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static
+    where
+        K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+        I: Index<K>,
+    {
+        let events = watcher(api, config).default_backoff();
+        self.caching(events, &Arrivals::default(), index)
+    }
+
     /// Feeds `events` to `index`, and passes on those that may call for a reconcile.
     fn caching<K, I>(
         &self,

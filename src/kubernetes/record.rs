@@ -80,11 +80,13 @@ mod deadline {
     use crate::kubernetes::problems::PROGRESS_DEADLINE_EXCEEDED;
     use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+    /// Whatever a server writes: a condition it does not fill is not the deadline's.
     #[derive(Deserialize, Serialize)]
     struct Condition {
-        #[serde(rename = "type")]
-        type_: String,
-        status: String,
+        #[serde(default, rename = "type")]
+        type_: Option<String>,
+        #[serde(default)]
+        status: Option<String>,
         #[serde(default)]
         reason: Option<String>,
     }
@@ -92,16 +94,16 @@ mod deadline {
     pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<bool, D::Error> {
         let conditions = Option::<Vec<Condition>>::deserialize(deserializer)?;
         Ok(conditions.into_iter().flatten().any(|c| {
-            c.type_ == "Progressing"
-                && c.status == "False"
+            c.type_.as_deref() == Some("Progressing")
+                && c.status.as_deref() == Some("False")
                 && c.reason.as_deref() == Some(PROGRESS_DEADLINE_EXCEEDED)
         }))
     }
 
     pub fn serialize<S: Serializer>(exceeded: &bool, serializer: S) -> Result<S::Ok, S::Error> {
         let condition = Condition {
-            type_: "Progressing".into(),
-            status: "False".into(),
+            type_: Some("Progressing".into()),
+            status: Some("False".into()),
             reason: Some(PROGRESS_DEADLINE_EXCEEDED.into()),
         };
         [condition][..usize::from(*exceeded)].serialize(serializer)
