@@ -23,7 +23,7 @@ pub const FINALIZER: &str = "cnat.programming-kubernetes.info/run-once";
 /// The seed's pod label, `app: <name of the At>`.
 pub const APP_LABEL: &str = "app";
 pub const NAME_LABEL: &str = "app.kubernetes.io/name";
-pub const INSTANCE_LABEL: &str = "app.kubernetes.io/instance";
+pub use crate::kubernetes::problems::INSTANCE_LABEL;
 /// `app.kubernetes.io/name` of every At pod.
 pub const NAME: &str = "at";
 
@@ -66,6 +66,8 @@ pub fn pod(at: &At, run_as: &RunAs, default_image: &str) -> Pod {
         ),
         command: Some(vec!["/bin/sh".into(), "-c".into(), at.spec.command.clone()]),
         security_context: Some(crate::kubernetes::restricted::container()),
+        // The command's last lines, kept by the kubelet when it fails.
+        termination_message_policy: Some("FallbackToLogsOnError".into()),
         volume_mounts: Some(vec![VolumeMount {
             name: "tmp".into(),
             mount_path: "/tmp".into(),

@@ -7,6 +7,7 @@
 use super::build::{self, held, pod_name, CONTAINER};
 use super::schedule;
 use crate::api::{At, AtStatus, Outcome, Phase};
+use crate::kubernetes::problems;
 use crate::reconcile::conditions::{find, set_condition, ConditionStatus};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{ContainerStateTerminated, Pod};
@@ -188,7 +189,13 @@ impl Next<'_> {
             PodView::Ours(pod) => pod,
         };
         let Some(end) = ended(pod, &name) else {
-            self.set(READY, False, RUNNING, running(&name, Some(pod)));
+            match pod.status.as_ref().and_then(problems::of_pod) {
+                Some(problem) => {
+                    let message = format!("Pod {name} cannot start: {}", problem.message);
+                    self.set(READY, False, problem.reason, message);
+                }
+                None => self.set(READY, False, RUNNING, running(&name, Some(pod))),
+            }
             return PodAction::Nothing;
         };
         self.status.phase = Some(Phase::Done);
@@ -212,8 +219,9 @@ fn name_taken(at: &At) -> String {
     )
 }
 
-/// The Ready message while RUNNING. It only changes when the container cannot start, so a pod
-/// going through its phases does not rewrite the status each time.
+/// The Ready message while RUNNING and no problem is known ([`problems::of_pod`]). It only changes
+/// when the container waits for another reason, so a pod going through its phases does not
+/// rewrite the status each time.
 fn running(name: &str, pod: Option<&Pod>) -> String {
     let waiting = pod
         .and_then(|p| container(p))
@@ -222,10 +230,6 @@ fn running(name: &str, pod: Option<&Pod>) -> String {
         .and_then(|w| w.reason.as_deref())
         .filter(|r| !matches!(*r, "ContainerCreating" | "PodInitializing"));
     match waiting {
-        // The kubelet alternates these two while it retries: one message for both.
-        Some("ErrImagePull" | "ImagePullBackOff") => {
-            format!("Pod {name} cannot start: its image cannot be pulled (ImagePullBackOff)")
-        }
         Some(reason) => format!("Pod {name} cannot start: {reason}"),
         None => format!("Pod {name} runs the command"),
     }
@@ -359,6 +363,14 @@ pub fn notices(at: &At, previous: &AtStatus, next: &AtStatus) -> Vec<Notice> {
             && key(previous, READY).map(|(_, r, _)| r) != Some(reason.clone())
         {
             push(true, POD_NAME_TAKEN, message.clone());
+        }
+        // A pod that cannot start: one Warning per distinct problem, as for a CdnCluster.
+        let cannot_start = problems::reason(reason).filter(|_| next.phase == Some(Phase::Running));
+        if let Some(reason) = cannot_start {
+            if key(previous, READY).map(|(_, r, m)| (r, m)) != ready.clone().map(|(_, r, m)| (r, m))
+            {
+                push(true, reason, message.clone());
+            }
         }
     }
 
@@ -713,6 +725,7 @@ mod tests {
         let mut stuck = pod("Pending", None);
         let waiting = |reason: &str| ContainerStatus {
             name: CONTAINER.into(),
+            image: "localhost/missing:1".into(),
             state: Some(ContainerState {
                 waiting: Some(ContainerStateWaiting {
                     reason: Some(reason.into()),
@@ -724,10 +737,23 @@ mod tests {
         };
         stuck.status.as_mut().unwrap().container_statuses = Some(vec![waiting("ErrImagePull")]);
         let first = plan(&at, PodView::Ours(&stuck), now());
-        assert!(find(&first.status.conditions, READY)
-            .unwrap()
-            .message
-            .contains("image cannot be pulled"));
+        let ready = find(&first.status.conditions, READY).unwrap();
+        assert_eq!(
+            (ready.reason.as_str(), ready.message.as_str()),
+            (
+                "ImagePullBackOff",
+                "Pod a-pod cannot start: container busybox: image localhost/missing:1 cannot be pulled"
+            )
+        );
+        assert_eq!(
+            first
+                .notices
+                .iter()
+                .map(|n| (n.reason, n.warning))
+                .collect::<Vec<_>>(),
+            [("ImagePullBackOff", true)],
+            "one Warning"
+        );
         let at = written(at, &first);
         stuck.status.as_mut().unwrap().container_statuses = Some(vec![waiting("ImagePullBackOff")]);
         assert!(!plan(&at, PodView::Ours(&stuck), now()).writes(&at));
@@ -738,5 +764,51 @@ mod tests {
             find(&creating.status.conditions, READY).unwrap().message,
             "Pod a-pod runs the command"
         );
+    }
+
+    fn real_node<K: serde::de::DeserializeOwned>(file: &str) -> K {
+        let path = format!(
+            "{}/tests/fixtures/real-node/{file}.json",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+    }
+
+    /// An At and its pod as a v1.36.2 server and kubelet wrote them (the At by the operator
+    /// before pods' problems were read): the reason once, then nothing; an unschedulable pod
+    /// says so too.
+    #[test]
+    fn a_real_pod_that_cannot_start_gives_its_reason_once() {
+        let at: At = real_node("at-at-nopull");
+        let mut pod: Pod = real_node("pod-at-nopull");
+        let first = plan(&at, view(&at, Some(&pod)), now());
+        let ready = find(&first.status.conditions, READY).unwrap();
+        assert_eq!(
+            (ready.reason.as_str(), ready.message.as_str()),
+            (
+                "ImagePullBackOff",
+                "Pod at-nopull-pod cannot start: container busybox: image localhost/does-not-exist:1 cannot be pulled"
+            )
+        );
+        assert_eq!(
+            first.notices.iter().map(|n| n.reason).collect::<Vec<_>>(),
+            ["ImagePullBackOff"]
+        );
+        let at = written(at, &first);
+        assert!(!plan(&at, view(&at, Some(&pod)), now()).writes(&at));
+
+        let unschedulable: Pod = real_node("pod-unschedulable");
+        pod.status = unschedulable.status;
+        let next = plan(&at, view(&at, Some(&pod)), now());
+        let ready = find(&next.status.conditions, READY).unwrap();
+        assert_eq!(ready.reason.as_str(), "Unschedulable");
+        assert_eq!(
+            next.notices
+                .iter()
+                .map(|n| (n.reason, n.warning))
+                .collect::<Vec<_>>(),
+            [("Unschedulable", true)]
+        );
+        assert_eq!(next.status.phase, Some(Phase::Running), "it may yet run");
     }
 }
