@@ -1231,3 +1231,201 @@ async fn a_balancer_has_its_ingress_while_its_spec_asks_for_one() {
     c.reconcile_ok("edge").await;
     assert_eq!(c.take_writes(), Vec::<String>::new(), "deleted once");
 }
+
+/// An object captured on a v1.36.2 node (`tests/fixtures/real-node/`, namespace `fail41`),
+/// moved to this test's namespace.
+fn real_node<K: serde::de::DeserializeOwned>(file: &str) -> K {
+    let path = format!(
+        "{}/tests/fixtures/real-node/{file}.json",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let mut value: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    value["metadata"]["namespace"] = json!(NS);
+    serde_json::from_value(value).unwrap()
+}
+
+impl Cluster {
+    /// Creates the pod captured as `file` and gives it its captured status, as the ReplicaSet
+    /// controller and the kubelet would (not one of the operator's writes).
+    async fn kubelet_pod(&self, file: &str) -> String {
+        let mut pod: k8s_openapi::api::core::v1::Pod = real_node(file);
+        let status = pod.status.take();
+        pod.metadata.resource_version = None;
+        pod.metadata.uid = None;
+        let name = pod.name_any();
+        let api = self.api::<k8s_openapi::api::core::v1::Pod>();
+        api.create(&PostParams::default(), &pod).await.unwrap();
+        self.set_pod_status(&name, serde_json::to_value(status).unwrap())
+            .await;
+        name
+    }
+
+    /// Sets the status of the pod `name` as the kubelet would.
+    async fn set_pod_status(&self, name: &str, status: serde_json::Value) {
+        self.api::<k8s_openapi::api::core::v1::Pod>()
+            .patch_status(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({ "status": status })),
+            )
+            .await
+            .unwrap();
+        self.take_writes();
+    }
+
+    /// Sets the status of the Deployment of `cluster` to the one captured as `file`, as the
+    /// Deployment controller would.
+    async fn deployment_status_of(&self, cluster: &str, file: &str) {
+        let captured: Deployment = real_node(file);
+        self.api::<Deployment>()
+            .patch_status(
+                &build::deployment_name(cluster),
+                &PatchParams::default(),
+                &Patch::Merge(json!({ "status": captured.status })),
+            )
+            .await
+            .unwrap();
+        self.take_writes();
+    }
+}
+
+/// A pod the kubelet cannot start, as a real node reports it: the cluster's Ready says why, with
+/// one Warning; the same world, and the kubelet's next attempts, cost no write; the pod
+/// recovering clears it.
+#[tokio::test]
+async fn a_pod_that_cannot_start_is_the_clusters_reason_once_until_it_recovers() {
+    let c = Cluster::new().await;
+    c.create("rootimage", Role::Cache, &[]).await;
+    c.reconcile_ok("rootimage").await;
+    c.take_writes();
+    let pod = c.kubelet_pod("pod-rootimage").await;
+    c.deployment_status_of("rootimage", "deployment-rootimage")
+        .await;
+
+    c.reconcile_ok("rootimage").await;
+    let expected =
+        "container nginx cannot start: container has runAsNonRoot and image will run as root";
+    assert_eq!(
+        condition(&c, "rootimage", "Ready").await,
+        (
+            "False".into(),
+            "CreateContainerConfigError".into(),
+            expected.into()
+        )
+    );
+    assert_eq!(condition(&c, "rootimage", "Stalled").await.0, "False");
+    assert_eq!(condition(&c, "rootimage", "Reconciling").await.0, "True");
+    assert_eq!(c.state("rootimage").await, Some(State::Deploying));
+    let warnings = |events: Vec<(String, String)>| {
+        events
+            .into_iter()
+            .filter(|(reason, _)| reason == "CreateContainerConfigError")
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        warnings(c.events("rootimage").await),
+        [note("CreateContainerConfigError", expected)]
+    );
+    let writes = c.take_writes();
+    assert_eq!(
+        writes
+            .iter()
+            .filter(|w| !w.starts_with("create Event"))
+            .count(),
+        1,
+        "one status write: {writes:?}"
+    );
+
+    // The same world: nothing written.
+    c.reconcile_ok("rootimage").await;
+    assert_eq!(c.take_writes(), Vec::<String>::new());
+    // The kubelet's next attempt rewrites the pod's status: the same problem, nothing written.
+    let mut again: k8s_openapi::api::core::v1::Pod = real_node("pod-rootimage");
+    let status = again.status.as_mut().unwrap();
+    status.container_statuses.as_mut().unwrap()[0]
+        .state
+        .as_mut()
+        .unwrap()
+        .waiting
+        .as_mut()
+        .unwrap()
+        .message = Some(
+        "container has runAsNonRoot and image will run as root (pod: \"rootimage-deployment-9b5b75cbf-zzzzz_default(0000)\", container: nginx)".into(),
+    );
+    c.set_pod_status(&pod, serde_json::to_value(&again.status).unwrap())
+        .await;
+    c.reconcile_ok("rootimage").await;
+    assert_eq!(c.take_writes(), Vec::<String>::new());
+
+    // The image fixed, the pod runs: the reason goes, no Warning.
+    c.set_pod_status(
+        &pod,
+        json!({"containerStatuses": [{"name": "nginx", "image": "x", "imageID": "",
+            "ready": true, "restartCount": 0, "state": {"running": {}}}]}),
+    )
+    .await;
+    c.reconcile_ok("rootimage").await;
+    let (_, reason, message) = condition(&c, "rootimage", "Ready").await;
+    assert_eq!(
+        (reason.as_str(), message.as_str()),
+        ("Deploying", "0/1 replicas are ready, rolling out")
+    );
+    assert_eq!(
+        warnings(c.events("rootimage").await).len(),
+        1,
+        "no Warning for a recovery"
+    );
+}
+
+/// A crash loop past the Deployment's progress deadline, as a real node reports it: nginx's last
+/// line, and Stalled.
+#[tokio::test]
+async fn a_crash_loop_past_the_deadline_is_stalled_with_the_last_error_line() {
+    let c = Cluster::new().await;
+    c.create("crash", Role::Cache, &[]).await;
+    c.reconcile_ok("crash").await;
+    c.kubelet_pod("pod-crash-logs").await;
+    c.deployment_status_of("crash", "deployment-crash").await;
+    c.reconcile_ok("crash").await;
+    let message =
+        "container nginx exits with code 127: /etc/nginx/cdn/run.sh: line 28: cksum: not found";
+    assert_eq!(
+        condition(&c, "crash", "Ready").await,
+        ("False".into(), "CrashLoopBackOff".into(), message.into())
+    );
+    assert_eq!(
+        condition(&c, "crash", "Stalled").await,
+        (
+            "True".into(),
+            "ProgressDeadlineExceeded".into(),
+            message.into()
+        )
+    );
+    assert_eq!(condition(&c, "crash", "Reconciling").await.0, "False");
+    c.take_writes();
+    c.reconcile_ok("crash").await;
+    assert_eq!(c.take_writes(), Vec::<String>::new());
+}
+
+/// Pods of another cluster, or of no cluster of the operator's, are not this cluster's reason.
+#[tokio::test]
+async fn only_the_clusters_own_pods_are_its_reason() {
+    let c = Cluster::new().await;
+    c.create("nopull", Role::Cache, &[]).await;
+    c.create("other", Role::Cache, &[]).await;
+    c.reconcile_ok("nopull").await;
+    c.reconcile_ok("other").await;
+    c.kubelet_pod("pod-nopull").await;
+    c.reconcile_ok("other").await;
+    assert_eq!(condition(&c, "other", "Ready").await.1, "Deploying");
+    c.reconcile_ok("nopull").await;
+    assert_eq!(
+        condition(&c, "nopull", "Ready").await,
+        (
+            "False".into(),
+            "ImagePullBackOff".into(),
+            "container nginx: image localhost/does-not-exist:1.30 cannot be pulled".into()
+        )
+    );
+}

@@ -17,6 +17,7 @@ use cdn_operator::cdncluster::Context;
 use cdn_operator::kubernetes::cache::CachesReady;
 use cdn_operator::kubernetes::compact::Compact;
 use cdn_operator::kubernetes::events::Events;
+use cdn_operator::kubernetes::problems::{PodProblems, PodSummary};
 use cdn_operator::kubernetes::records::Records;
 use cdn_operator::reconcile::Shared;
 use http_body_util::BodyExt;
@@ -351,6 +352,16 @@ impl FakeApi {
         records
     }
 
+    /// The problems of the CdnClusters' pods, as the controller's watch (label-selected) fills it.
+    pub async fn pod_problems(&self) -> PodProblems {
+        let api: Api<PodSummary> = Api::all(self.client.clone());
+        let selector = cdn_operator::cdncluster::build::pod_watch_selector();
+        let pods = api.list(&ListParams::default().labels(&selector)).await;
+        let problems = PodProblems::default();
+        problems.fill(pods.expect("list").items);
+        problems
+    }
+
     /// The controller's context, caches as fresh as the watches would make them.
     pub async fn context(&self, events: Events) -> Arc<Context> {
         Arc::new(Context {
@@ -366,6 +377,7 @@ impl FakeApi {
             ingresses: self
                 .records::<k8s_openapi::api::networking::v1::Ingress>()
                 .await,
+            pods: self.pod_problems().await,
             // The caches are filled by hand before each reconcile: no watch to wait for.
             writes_visible_within: std::time::Duration::ZERO,
             cluster_domain: cdn_operator::cdncluster::sources::DEFAULT_CLUSTER_DOMAIN.into(),
