@@ -871,3 +871,50 @@ async fn uninstall_fails_clearly_when_the_pods_cannot_be_released() {
     );
     assert!(build::held(&h.pods().await[0]), "nothing lost");
 }
+
+/// The status of the pod captured on a v1.36.2 node as `file` (`tests/fixtures/real-node/`).
+fn real_node_pod_status(file: &str) -> Value {
+    let path = format!(
+        "{}/tests/fixtures/real-node/{file}.json",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let pod: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    pod["status"].clone()
+}
+
+/// A pod that cannot start, as a real kubelet reports it: the At's Ready says why, with one
+/// Warning per distinct problem; the same world writes and tells nothing.
+#[tokio::test]
+async fn a_pod_that_cannot_start_is_the_ats_reason_with_one_warning() {
+    let mut h = running("at-nopull").await;
+    h.pod_status("at-nopull-pod", real_node_pod_status("pod-at-nopull"))
+        .await;
+    h.reconcile("at-nopull").await;
+    let at = h.at("at-nopull").await;
+    assert_eq!(ready_reason(&at), "ImagePullBackOff");
+    assert_eq!(at.status.as_ref().unwrap().phase, Some(Phase::Running));
+    assert_eq!(h.events(), ["ImagePullBackOff"]);
+    assert_eq!(h.writes().len(), 1, "the status: {:?}", h.writes());
+    h.clear();
+    h.reconcile("at-nopull").await;
+    assert_eq!((h.writes().len(), h.events().len()), (0, 0));
+
+    // The kubelet refuses the container (runAsNonRoot and a root image), as it said of nginx's.
+    let mut refused = real_node_pod_status("pod-rootimage");
+    refused["containerStatuses"][0]["name"] = json!(build::CONTAINER);
+    refused["initContainerStatuses"] = Value::Null;
+    h.pod_status("at-nopull-pod", refused).await;
+    h.reconcile("at-nopull").await;
+    let at = h.at("at-nopull").await;
+    assert_eq!(ready_reason(&at), "CreateContainerConfigError");
+    let ready = cdn_operator::reconcile::conditions::find(
+        &at.status.as_ref().unwrap().conditions,
+        status::READY,
+    )
+    .unwrap();
+    assert_eq!(
+        ready.message.as_str(),
+        "Pod at-nopull-pod: container busybox cannot start: container has runAsNonRoot and image will run as root"
+    );
+    assert_eq!(h.events(), ["CreateContainerConfigError"]);
+}

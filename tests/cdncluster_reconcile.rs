@@ -1425,7 +1425,7 @@ async fn only_the_clusters_own_pods_are_its_reason() {
         (
             "False".into(),
             "ImagePullBackOff".into(),
-            "container nginx: image localhost/does-not-exist:1.30 cannot be pulled".into()
+            "image localhost/does-not-exist:1.30 of container nginx cannot be pulled".into()
         )
     );
 }

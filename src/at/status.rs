@@ -191,7 +191,7 @@ impl Next<'_> {
         let Some(end) = ended(pod, &name) else {
             match pod.status.as_ref().and_then(problems::of_pod) {
                 Some(problem) => {
-                    let message = format!("Pod {name} cannot start: {}", problem.message);
+                    let message = format!("Pod {name}: {}", problem.message);
                     self.set(READY, False, problem.reason, message);
                 }
                 None => self.set(READY, False, RUNNING, running(&name, Some(pod))),
@@ -742,7 +742,7 @@ mod tests {
             (ready.reason.as_str(), ready.message.as_str()),
             (
                 "ImagePullBackOff",
-                "Pod a-pod cannot start: container busybox: image localhost/missing:1 cannot be pulled"
+                "Pod a-pod: image localhost/missing:1 of container busybox cannot be pulled"
             )
         );
         assert_eq!(
@@ -787,7 +787,7 @@ mod tests {
             (ready.reason.as_str(), ready.message.as_str()),
             (
                 "ImagePullBackOff",
-                "Pod at-nopull-pod cannot start: container busybox: image localhost/does-not-exist:1 cannot be pulled"
+                "Pod at-nopull-pod: image localhost/does-not-exist:1 of container busybox cannot be pulled"
             )
         );
         assert_eq!(

@@ -108,7 +108,7 @@ fn of_container(c: &ContainerStatus) -> Option<Problem> {
         Some("ErrImagePull" | "ImagePullBackOff") => {
             return Some(Problem::new(
                 IMAGE_PULL_BACK_OFF,
-                format!("container {name}: image {} cannot be pulled", c.image),
+                format!("image {} of container {name} cannot be pulled", c.image),
             ))
         }
         Some(
@@ -158,7 +158,7 @@ fn unschedulable(status: &PodStatus) -> Option<Problem> {
     let first = said.find(". ").map_or(said, |end| &said[..=end]);
     Some(Problem::new(
         UNSCHEDULABLE,
-        format!("the pod cannot be scheduled: {first}"),
+        format!("no node can run the pod: {first}"),
     ))
 }
 

@@ -50,13 +50,13 @@ fn an_image_that_cannot_be_pulled_is_named() {
         (p.reason, p.message.as_str()),
         (
             IMAGE_PULL_BACK_OFF,
-            "container nginx: image localhost/does-not-exist:1.30 cannot be pulled"
+            "image localhost/does-not-exist:1.30 of container nginx cannot be pulled"
         )
     );
     let at = problem_of("at-nopull").unwrap();
     assert_eq!(
         at.message,
-        "container busybox: image localhost/does-not-exist:1 cannot be pulled"
+        "image localhost/does-not-exist:1 of container busybox cannot be pulled"
     );
 }
 
@@ -79,7 +79,7 @@ fn an_unschedulable_pod_has_the_schedulers_first_sentence() {
         (p.reason, p.message.as_str()),
         (
             UNSCHEDULABLE,
-            "the pod cannot be scheduled: 0/1 nodes are available: 1 Insufficient cpu."
+            "no node can run the pod: 0/1 nodes are available: 1 Insufficient cpu."
         )
     );
 }
