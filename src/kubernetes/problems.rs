@@ -196,14 +196,14 @@ fn kubelet_words(message: &str) -> &str {
 /// `[emerg]`, `[alert]` or `[crit]` line (without its timestamp and process ids, which change
 /// with each attempt), else the last line.
 pub fn last_error_line(message: &str) -> Option<String> {
-    let lines = message.lines().map(str::trim).filter(|l| !l.is_empty());
+    let mut lines = message.lines().map(str::trim).filter(|l| !l.is_empty());
     let severe = ["[emerg]", "[alert]", "[crit]"];
     let nginx = lines
         .clone()
         .filter_map(|l| severe.iter().find_map(|s| l.find(s).map(|at| &l[at..])))
         .next_back();
     let Some(line) = nginx else {
-        return lines.last().map(String::from);
+        return lines.next_back().map(String::from);
     };
     // "[emerg] 1#1: host not found…": the pid#tid after the level goes too.
     let (level, rest) = line.split_once(' ').unwrap_or((line, ""));
