@@ -203,8 +203,7 @@ fn the_crds_carry_what_kubectl_shows() {
     assert_eq!(columns, ["Role", "State", "Ready", "Reason", "Age"]);
     let reason = &v1.additional_printer_columns.as_ref().unwrap()[3];
     assert_eq!(
-        reason.json_path,
-        ".status.conditions[?(@.type==\"Ready\")].reason",
+        reason.json_path, ".status.conditions[?(@.type==\"Ready\")].reason",
         "why it is not ready: the Ready condition's reason"
     );
     let rules = v1

@@ -360,6 +360,105 @@ async fn a_child_the_server_refuses_is_reported_and_deployed_once_allowed() {
     assert_eq!(condition(&env, "foo", "Stalled").await.unwrap().0, "False");
 }
 
+/// The status of the pod captured on a v1.36.2 node as `file` (`tests/fixtures/real-node/`): its
+/// phase and its nginx container's status, as the kubelet writes them.
+fn kubelet_status(file: &str) -> serde_json::Value {
+    let path = format!(
+        "{}/../tests/fixtures/real-node/{file}.json",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let pod: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).expect("the fixture")).unwrap();
+    let status = &pod["status"];
+    json!({"phase": status["phase"], "containerStatuses": status["containerStatuses"]})
+}
+
+/// Without a kubelet, the test writes the pod's status as a node's kubelet wrote it (a crash
+/// loop with nginx's last lines): the CdnCluster's Ready says why, with one Warning; the
+/// kubelet's next attempts write nothing; a pod that recovers clears it. On a cluster with a node
+/// the node tests cover it (its kubelet would overwrite the status written here).
+#[tokio::test]
+async fn a_crash_looping_pod_is_the_clusters_reason_once() {
+    let Some(mut env) = Env::new("pod-reason").await else {
+        return;
+    };
+    if kubelet_runs(&env).await {
+        eprintln!("a kubelet runs: e2e/tests/node.rs covers pods that cannot run");
+        return;
+    }
+    env.start_operator().await;
+    env.create_cluster("crash", json!({"role": "cache", "sources": []}))
+        .await
+        .expect("crash");
+    wait_state(&env, "crash", DEPLOYED).await;
+    let pods: Api<Pod> = env.api();
+    let selector = ListParams::default().labels("deployment=crash-deployment");
+    let pod = eventually("the pod of crash-deployment", WAIT, || async {
+        let pods = pods.list(&selector).await.ok()?.items;
+        pods.first().map(ResourceExt::name_any)
+    })
+    .await;
+    let kubelet = |status: serde_json::Value| {
+        let (pods, pod) = (pods.clone(), pod.clone());
+        async move {
+            pods.patch_status(
+                &pod,
+                &PatchParams::default(),
+                &Patch::Merge(json!({ "status": status })),
+            )
+            .await
+            .expect("the pod's status")
+        }
+    };
+    kubelet(kubelet_status("pod-crash-logs")).await;
+    let expected =
+        "container nginx exits with code 127: /etc/nginx/cdn/run.sh: line 28: cksum: not found";
+    eventually("Ready says CrashLoopBackOff", WAIT, || async {
+        let (_, reason, message) = condition(&env, "crash", "Ready").await?;
+        (reason == "CrashLoopBackOff" && message == expected).then_some(())
+    })
+    .await;
+    wait_event(&env, "crash", "CrashLoopBackOff", expected).await;
+    assert_eq!(
+        condition(&env, "crash", "Stalled").await.unwrap().0,
+        "False"
+    );
+
+    // The kubelet's next attempt: another restart count and back-off, the same problem.
+    let version = get::<CdnCluster>(&env, "crash")
+        .await
+        .unwrap()
+        .resource_version();
+    let mut again = kubelet_status("pod-crash-logs");
+    again["containerStatuses"][0]["restartCount"] = json!(9);
+    again["containerStatuses"][0]["state"]["waiting"]["message"] =
+        json!("back-off 5m0s restarting failed container=nginx");
+    kubelet(again).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        get::<CdnCluster>(&env, "crash")
+            .await
+            .unwrap()
+            .resource_version(),
+        version,
+        "no status write for a retry"
+    );
+    assert_eq!(env.event_count("crash", "CrashLoopBackOff").await, 1);
+
+    // The pod runs and is ready: the reason goes.
+    let mut ready = kubelet_status("pod-crash-logs");
+    ready["containerStatuses"][0]["ready"] = json!(true);
+    ready["containerStatuses"][0]["started"] = json!(true);
+    ready["containerStatuses"][0]["state"] =
+        json!({"running": {"startedAt": "2026-11-27T02:00:00Z"}});
+    kubelet(ready).await;
+    eventually("Ready no longer says CrashLoopBackOff", WAIT, || async {
+        let (_, reason, _) = condition(&env, "crash", "Ready").await?;
+        (reason != "CrashLoopBackOff").then_some(())
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn foo3_waits_for_asource_and_deploys_when_it_appears() {
     let Some(mut env) = Env::new("foo3-waits").await else {

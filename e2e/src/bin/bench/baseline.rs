@@ -113,7 +113,7 @@ async fn write_as_the_operator(
     )
     .await
     .expect("Deployment");
-    let observed = Observed::Deployed(Some(&deployment));
+    let observed = Observed::Deployed(Some(&deployment), None);
     let now = Time(jiff::Timestamp::now());
     let status = status::desired(cluster, observed, &now);
     let notices = status::notices(cluster, &status, &observed, &changes);
