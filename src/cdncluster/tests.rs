@@ -1604,3 +1604,45 @@ fn a_rolled_out_cluster_runs_whatever_a_pod_says() {
     );
     assert_eq!(s.state, Some(State::Running));
 }
+
+/// A pod's event reconciles the cluster its instance label names.
+#[test]
+fn a_pod_is_routed_to_its_cluster_by_its_instance_label() {
+    use crate::kubernetes::problems::PodSummary;
+    let pod: k8s_openapi::api::core::v1::Pod = real_node("pod-crash");
+    let routed = super::cluster_of(PodSummary::of(&pod)).unwrap();
+    assert_eq!(
+        (routed.name.as_str(), routed.namespace.as_deref()),
+        ("crash", Some("fail41"))
+    );
+    let mut unlabelled = pod;
+    unlabelled.metadata.labels = None;
+    assert!(super::cluster_of(PodSummary::of(&unlabelled)).is_none());
+}
+
+/// Replicas lost with a reason: that reason's Warning, not ReplicasUnavailable as well.
+#[test]
+fn replicas_lost_for_a_reason_are_told_once_by_that_reason() {
+    let mut c: CdnCluster = real_node("cdncluster-nopull");
+    let mut running = c.status.clone().unwrap();
+    running.state = Some(State::Running);
+    running.observed_generation = c.metadata.generation;
+    c.status = Some(running);
+    let d: Deployment = real_node("deployment-rootimage");
+    let problem = pod_problem("pod-nopull");
+    let observed = Observed::Deployed(Some(&d), problem.as_ref());
+    let s = status::desired(&c, observed, &now());
+    let n = status::notices(&c, &s, &observed, &[]);
+    assert_eq!(
+        n.iter().map(|n| n.reason).collect::<Vec<_>>(),
+        ["ImagePullBackOff"]
+    );
+    let without = Observed::Deployed(Some(&d), None);
+    let s = status::desired(&c, without, &now());
+    let n = status::notices(&c, &s, &without, &[]);
+    assert_eq!(
+        n.iter().map(|n| n.reason).collect::<Vec<_>>(),
+        ["ReplicasUnavailable"],
+        "no reason known: as before"
+    );
+}
