@@ -20,6 +20,7 @@ use crate::kubernetes::restricted::RunAs;
 use crate::reconcile::{self, Shared};
 use crate::runtime::leader::Leadership;
 use build::{MANAGED_BY, MANAGED_BY_LABEL};
+use futures::TryStreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use k8s_openapi::api::networking::v1::Ingress;
@@ -116,11 +117,13 @@ pub fn controller(
     let (ingresses, ingress_events) =
         watches.cached_records(scope.api::<Compact<Ingress>>(client.clone()), children);
     let pods = PodProblems::default();
-    let pod_events = watches.indexed(
-        scope.api::<PodSummary>(client.clone()),
-        watcher::Config::default().labels(&build::pod_watch_selector()),
-        pods.writer(),
-    );
+    let pod_events = watches
+        .indexed(
+            scope.api::<PodSummary>(client.clone()),
+            watcher::Config::default().labels(&build::pod_watch_selector()),
+            pods.writer(),
+        )
+        .try_filter(|event| futures::future::ready(tells(event)));
 
     let (parents_tx, parents_rx) = mpsc::unbounded_channel();
     let cluster_arrivals = Arrivals::default();
@@ -166,6 +169,14 @@ pub fn controller(
         images: settings.images,
     });
     (context, controller)
+}
+
+/// Whether a pod's event (one the cache said changed its problem, or a deletion) may change what
+/// its cluster reports. A pod deleted without a problem does not: a rollout's old pods reconcile
+/// nothing. One with a problem does (an unscheduled pod is deleted at once: its deletion is its
+/// only event).
+fn tells(event: &watcher::Event<PodSummary>) -> bool {
+    !matches!(event, watcher::Event::Delete(pod) if pod.problem.is_none())
 }
 
 /// The CdnCluster a pod of its Deployment belongs to: the pod's instance label.

@@ -1646,3 +1646,20 @@ fn replicas_lost_for_a_reason_are_told_once_by_that_reason() {
         "no reason known: as before"
     );
 }
+
+/// A pod deleted without a problem reconciles nothing; one with a problem, even on its way out,
+/// reconciles its cluster; any other event the cache passed on does.
+#[test]
+fn only_the_deletion_of_a_pod_with_a_problem_reconciles() {
+    use crate::kubernetes::problems::PodSummary;
+    use kube::runtime::watcher::Event;
+    let stuck: k8s_openapi::api::core::v1::Pod = real_node("pod-unschedulable");
+    let mut leaving = stuck.clone();
+    leaving.metadata.deletion_timestamp = stuck.metadata.creation_timestamp.clone();
+    let mut fine = stuck.clone();
+    fine.status = None;
+    assert!(super::tells(&Event::Delete(PodSummary::of(&stuck))));
+    assert!(super::tells(&Event::Delete(PodSummary::of(&leaving))));
+    assert!(!super::tells(&Event::Delete(PodSummary::of(&fine))));
+    assert!(super::tells(&Event::Apply(PodSummary::of(&fine))));
+}

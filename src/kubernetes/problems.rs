@@ -234,6 +234,8 @@ fn truncate(message: String) -> String {
 pub struct PodSummary {
     pub metadata: ObjectMeta,
     pub problem: Option<Problem>,
+    /// Being deleted: on its way out, what it says no longer counts ([`PodSummary::counted`]).
+    pub leaving: bool,
 }
 
 impl PodSummary {
@@ -241,6 +243,11 @@ impl PodSummary {
     pub fn of(pod: &Pod) -> Self {
         serde_json::from_value(serde_json::to_value(pod).expect("pods serialize"))
             .expect("a serialized pod is a JSON map")
+    }
+
+    /// Its problem, unless it is leaving.
+    pub fn counted(&self) -> Option<&Problem> {
+        self.problem.as_ref().filter(|_| !self.leaving)
     }
 
     /// The instance (label [`INSTANCE_LABEL`]) the pod belongs to.
@@ -274,10 +281,7 @@ impl<'de> Deserialize<'de> for PodSummary {
             status: Option<PodStatus>,
         }
         let Parts { metadata, status } = Parts::deserialize(deserializer)?;
-        // A pod being deleted is on its way out: what it says no longer counts.
-        let problem = status
-            .filter(|_| metadata.deletion_timestamp.is_none())
-            .and_then(|s| of_pod(&s));
+        let problem = status.and_then(|s| of_pod(&s));
         let instance = metadata.labels.and_then(|mut l| l.remove(INSTANCE_LABEL));
         Ok(PodSummary {
             metadata: ObjectMeta {
@@ -288,6 +292,7 @@ impl<'de> Deserialize<'de> for PodSummary {
                 ..ObjectMeta::default()
             },
             problem,
+            leaving: metadata.deletion_timestamp.is_some(),
         })
     }
 }
@@ -404,7 +409,7 @@ impl Index<PodSummary> for PodProblemsWriter {
     /// becomes ready reconciles nothing (its Deployment's counts do).
     fn apply(&mut self, pod: &PodSummary) -> bool {
         let mut all = self.problems.by_instance.write().expect("never poisoned");
-        set(&mut all, pod, pod.problem.as_ref())
+        set(&mut all, pod, pod.counted())
     }
 
     fn delete(&mut self, pod: &PodSummary) {
@@ -417,7 +422,7 @@ impl Index<PodSummary> for PodProblemsWriter {
             Reset::Begin => self.listing = Some(HashMap::new()),
             Reset::Listed(pod) => {
                 if let Some(listing) = &mut self.listing {
-                    set(listing, pod, pod.problem.as_ref());
+                    set(listing, pod, pod.counted());
                 }
             }
             Reset::Done => {

@@ -183,11 +183,20 @@ fn a_summary_keeps_the_problem_and_the_instance_only() {
     assert_eq!(summary.metadata.owner_references, None);
     let mut leaving = served.clone();
     leaving.metadata.deletion_timestamp = served.metadata.creation_timestamp.clone();
+    let leaving = PodSummary::of(&leaving);
+    assert!(leaving.leaving && leaving.problem.is_some());
     assert_eq!(
-        PodSummary::of(&leaving).problem,
+        leaving.counted(),
         None,
         "a pod being deleted no longer counts"
     );
+    let problems = PodProblems::default();
+    problems.fill([summary]);
+    assert!(
+        problems.writer().apply(&leaving),
+        "its deletion began: a change"
+    );
+    assert_eq!(problems.worst("fail41", "rootimage"), None);
 }
 
 #[test]
