@@ -837,31 +837,10 @@ pub async fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<Response>
         )?;
         let mut raw = Vec::new();
         stream.read_to_end(&mut raw)?;
-        parse_response(&raw)
+        Response::parse(&raw)
     })
     .await
     .expect("the HTTP client")
-}
-
-fn parse_response(raw: &[u8]) -> std::io::Result<Response> {
-    let raw = String::from_utf8_lossy(raw);
-    let not_http = || std::io::Error::other(format!("not an HTTP response: {raw:?}"));
-    let (head, body) = raw.split_once("\r\n\r\n").ok_or_else(not_http)?;
-    let mut lines = head.lines();
-    let status = lines
-        .next()
-        .and_then(|l| l.split(' ').nth(1))
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(not_http)?;
-    let headers = lines
-        .filter_map(|l| l.split_once(':'))
-        .map(|(n, v)| (n.trim().to_string(), v.trim().to_string()))
-        .collect();
-    Ok(Response {
-        status,
-        headers,
-        body: body.to_string(),
-    })
 }
 
 /// The member of a pool that answered, from `X-Cdn-Upstream` (`$upstream_addr`: the addresses
@@ -1153,7 +1132,7 @@ mod tests {
     #[test]
     fn a_response_is_parsed_with_its_headers() {
         let raw = b"HTTP/1.1 200 OK\r\nX-Cache-Status: MISS\r\nContent-Length: 3\r\n\r\nabc";
-        let response = parse_response(raw).unwrap();
+        let response = Response::parse(raw).unwrap();
         assert_eq!(response.status, 200);
         assert_eq!(response.header("x-cache-status"), Some("MISS"));
         assert_eq!(response.body, "abc");

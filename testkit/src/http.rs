@@ -141,6 +141,28 @@ pub struct Response {
 }
 
 impl Response {
+    /// A whole HTTP/1.x response as read until the server closed the connection.
+    pub fn parse(raw: &[u8]) -> std::io::Result<Response> {
+        let raw = String::from_utf8_lossy(raw);
+        let not_http = || std::io::Error::other(format!("not an HTTP response: {raw:?}"));
+        let (head, body) = raw.split_once("\r\n\r\n").ok_or_else(not_http)?;
+        let mut lines = head.lines();
+        let status = lines
+            .next()
+            .and_then(|l| l.split(' ').nth(1))
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(not_http)?;
+        let headers = lines
+            .filter_map(|l| l.split_once(':'))
+            .map(|(n, v)| (n.trim().to_string(), v.trim().to_string()))
+            .collect();
+        Ok(Response {
+            status,
+            headers,
+            body: body.to_string(),
+        })
+    }
+
     /// The value of the first header named `name` (in any case).
     pub fn header(&self, name: &str) -> Option<&str> {
         self.headers
@@ -186,24 +208,7 @@ pub fn request(
     stream.write_all(body)?;
     let mut raw = Vec::new();
     stream.read_to_end(&mut raw)?;
-    let raw = String::from_utf8_lossy(&raw);
-    let not_http = || std::io::Error::other(format!("not an HTTP response: {raw:?}"));
-    let (head, body) = raw.split_once("\r\n\r\n").ok_or_else(not_http)?;
-    let mut lines = head.lines();
-    let status = lines
-        .next()
-        .and_then(|l| l.split(' ').nth(1))
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(not_http)?;
-    let headers = lines
-        .filter_map(|l| l.split_once(':'))
-        .map(|(n, v)| (n.trim().to_string(), v.trim().to_string()))
-        .collect();
-    Ok(Response {
-        status,
-        headers,
-        body: body.to_string(),
-    })
+    Response::parse(&raw)
 }
 
 /// Accepts any certificate chain (`insecureSkipVerify`) but checks the handshake signatures
