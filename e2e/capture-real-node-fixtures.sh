@@ -7,10 +7,7 @@
 #   localhost/cdn-operator:e2e   the operator (the metrics sidecar of every CdnCluster pod),
 #   localhost/cdn-e2e-pause:1    busybox, no nginx: the `crash` cluster's entrypoint fails,
 #   localhost/cdn-nginx:1.30     nginx, for the `unschedulable` cluster (never pulled: no node fits),
-# and one made here if missing, localhost/cdn-nginx-root:1.30, the nginx image run as root:
-#   buildah from --name root localhost/cdn-nginx:1.30 && buildah config --user 0 root &&
-#   buildah commit root localhost/cdn-nginx-root:1.30, then imported into the node's containerd
-#   (`buildah push … oci-archive:` and `ctr -n k8s.io images import`), as e2e/node.sh imports its own.
+#   localhost/cdn-nginx-root:1.30  the same nginx image run as root (`USER 0:0`), for `rootimage`.
 # Run it on a fresh namespace after a change of the pods, then
 # `cargo test --lib problems` and `cargo test --test cdncluster_reconcile --test at_reconcile`.
 # usage: e2e/capture-real-node-fixtures.sh [path/to/cdn-operator]   (default: target/debug)

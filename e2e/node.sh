@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The e2e suite on a cluster with a node, built on this machine: a local v1.36 control plane, a
 # kubelet with containerd and a CNI bridge, kube-proxy and a cluster DNS, the operator's image and
-# an nginx 1.30 image imported into containerd; then the node tests (e2e/tests/node.rs), then
-# everything taken down and the machine put back as it was.
+# an nginx 1.30 image (and the same run as root) imported into containerd; then the node tests
+# (e2e/tests/node.rs), then everything taken down and the machine put back as it was.
 #
 #   KUBE_BIN=DIR e2e/node.sh          set up, run the node tests, tear down (the proof of issue 39)
 #   KUBE_BIN=DIR e2e/node.sh up       set up only; prints the KUBECONFIG to use
@@ -36,6 +36,7 @@ NODE_NAME=cdn-e2e-node
 OPERATOR_IMAGE=localhost/cdn-operator:e2e
 NGINX_IMAGE=localhost/cdn-nginx:1.30
 PAUSE_IMAGE=localhost/cdn-e2e-pause:1
+ROOT_IMAGE=localhost/cdn-nginx-root:1.30
 CONTAINERD_VERSION=2.1.9
 PKI=$NODE_DIR/pki LOGS=$NODE_DIR/logs RUN=$NODE_DIR/run
 CTR_SOCK=$NODE_DIR/containerd/containerd.sock
@@ -283,6 +284,12 @@ images() {
   chroot "$nginx_root" nginx -v 2>&1 | grep -q 'nginx/1\.30\.' || die "nginx 1.30 expected in $nginx_root"
   image_from_root "$nginx_root" "$NGINX_IMAGE" --user 101:101 --stop-signal SIGQUIT \
     --cmd '["nginx", "-g", "daemon off;"]'
+  # The same run as root, which the kubelet refuses under runAsNonRoot (a pod that cannot start,
+  # issue 41): a layer on the image above, no copy of its root.
+  local c
+  c=$("${bah[@]}" from --quiet "$NGINX_IMAGE")
+  "${bah[@]}" config --user 0:0 "$c"
+  "${bah[@]}" commit --quiet --rm "$c" "$ROOT_IMAGE" >/dev/null
   # The pods' sandbox ("pause"): a shell that waits until told to stop.
   if [[ ! -x $work/pause-root/bin/busybox ]]; then
     (cd "$work" && apt-get download busybox-static >/dev/null 2>&1 || apt-get -o APT::Sandbox::User=root download busybox-static >/dev/null)
@@ -295,7 +302,7 @@ images() {
   fi
   image_from_root "$work/pause-root" "$PAUSE_IMAGE" --user 65535:65535 \
     --cmd '["/bin/sh", "-c", "trap \"exit 0\" TERM INT; while :; do sleep 3600 & wait $!; done"]'
-  for image in "$OPERATOR_IMAGE" "$NGINX_IMAGE" "$PAUSE_IMAGE"; do
+  for image in "$OPERATOR_IMAGE" "$NGINX_IMAGE" "$ROOT_IMAGE" "$PAUSE_IMAGE"; do
     rm -f "$work/image.tar"
     "${bah[@]}" push --quiet "$image" "oci-archive:$work/image.tar:$image" >/dev/null
     ctr -n k8s.io images import --all-platforms "$work/image.tar" >/dev/null
@@ -430,7 +437,8 @@ up() {
   images
   control_plane
   node
-  say "up: export KUBECONFIG=$KUBECONFIG CDN_E2E_OPERATOR_IMAGE=$OPERATOR_IMAGE CDN_E2E_NGINX_IMAGE=$NGINX_IMAGE"
+  say "up: export KUBECONFIG=$KUBECONFIG CDN_E2E_OPERATOR_IMAGE=$OPERATOR_IMAGE CDN_E2E_NGINX_IMAGE=$NGINX_IMAGE" \
+    "CDN_E2E_PAUSE_IMAGE=$PAUSE_IMAGE CDN_E2E_ROOT_IMAGE=$ROOT_IMAGE"
 }
 
 down() {
@@ -474,6 +482,7 @@ down() {
 
 run_tests() {
   export CDN_E2E_OPERATOR_IMAGE=$OPERATOR_IMAGE CDN_E2E_NGINX_IMAGE=$NGINX_IMAGE
+  export CDN_E2E_PAUSE_IMAGE=$PAUSE_IMAGE CDN_E2E_ROOT_IMAGE=$ROOT_IMAGE
   export HELM=${HELM:-$(command -v helm || echo /root/.cache/cdn-operator-tools/bin/helm)}
   [[ -x $HELM ]] || "$repo/scripts/install-helm.sh" /root/.cache/cdn-operator-tools
   (cd "$repo" && cargo test --locked -p cdn-operator-e2e --test node -- --test-threads="${TEST_THREADS:-2}" "$@")
