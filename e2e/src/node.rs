@@ -30,6 +30,13 @@ use tokio::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 pub const OPERATOR_IMAGE_ENV: &str = "CDN_E2E_OPERATOR_IMAGE";
 /// The nginx image of the CDN's pods, the At pods and the tests' origin (e.g. `localhost/cdn-nginx:1.30`).
 pub const NGINX_IMAGE_ENV: &str = "CDN_E2E_NGINX_IMAGE";
+/// Busybox without nginx (the node's sandbox image, e.g. `localhost/cdn-e2e-pause:1`): a
+/// CdnCluster running it crash-loops (`cksum: not found`, exit 127). Only the test of pods that
+/// cannot run needs it.
+pub const PAUSE_IMAGE_ENV: &str = "CDN_E2E_PAUSE_IMAGE";
+/// The nginx image run as root (`USER 0:0`, e.g. `localhost/cdn-nginx-root:1.30`): refused under
+/// `runAsNonRoot`. Only the test of pods that cannot run needs it.
+pub const ROOT_IMAGE_ENV: &str = "CDN_E2E_ROOT_IMAGE";
 /// The Lease every install path elects its leader on (`--leader-election-id`, Helm
 /// `leaderElection.id`), in the operator's namespace.
 pub const LEASE: &str = "cdn-operator-leader";
@@ -226,6 +233,27 @@ impl NodeTest {
             cluster_scoped: Vec::new(),
             _lock: lock,
         })
+    }
+
+    /// The image named by `variable` beyond the two every test needs ([`PAUSE_IMAGE_ENV`],
+    /// [`ROOT_IMAGE_ENV`]); when unset, one line (`node tests skipped: <test>: …`) and `None`.
+    pub fn extra_image(&self, variable: &str) -> Option<String> {
+        match std::env::var(variable) {
+            Ok(image) if !image.trim().is_empty() => {
+                if let Err(error) = ImageRef::parse(image.trim()) {
+                    panic!("{variable}: {error}");
+                }
+                Some(image.trim().to_string())
+            }
+            _ => {
+                say(&format!(
+                    "node tests skipped: {}: {variable} is unset (an image present in the node's \
+                     container runtime)",
+                    self.test
+                ));
+                None
+            }
+        }
     }
 
     /// A name unique to this test run: `<base>-<suffix>`.
