@@ -1,27 +1,30 @@
 //! cdn-operator on a cluster with a node (issue 39): the operator runs as pods of its own image,
 //! installed by Helm or kustomize, and the CDN's nginx pods serve through Services. Each test
 //! skips with one line (`node tests skipped: …`) when no API server answers, when no node is
-//! Ready, or when `CDN_E2E_OPERATOR_IMAGE` / `CDN_E2E_NGINX_IMAGE` are unset. Run:
+//! Ready, or when `CDN_E2E_OPERATOR_IMAGE` / `CDN_E2E_NGINX_IMAGE` are unset (the test of pods
+//! that cannot run: `CDN_E2E_PAUSE_IMAGE` / `CDN_E2E_ROOT_IMAGE` too). Run:
 //! `cargo test -p cdn-operator-e2e --test node` (docs/testing.md, the node mode).
 
 use cdn_operator::api::{At, CdnCluster, Outcome, Phase, State};
 use cdn_operator::cdncluster::nginx::{CACHE_STATUS_HEADER, LISTEN_PORT, SERVICE_PORT_NAME};
+use cdn_operator::kubernetes::events::EVENT_REPORTER;
 use cdn_operator_e2e::eventually;
 use cdn_operator_e2e::node::{
     answering_upstream, apply_cluster, apply_origin, bind_cluster_role, check_metrics,
     cluster_pods, cluster_running, http_get, lease_holder, operator_ready_and_leading,
     origin_requests, pods_gone, ready_pods, relative_path, run, service_account, service_address,
     until, ImageRef, NodeTest, Scope, LEASE, OPERATOR_PODS, OPERATOR_REPLICAS, ORIGIN_BODY,
-    ORIGIN_PODS, ORIGIN_POD_HEADER,
+    ORIGIN_PODS, ORIGIN_POD_HEADER, PAUSE_IMAGE_ENV, ROOT_IMAGE_ENV,
 };
-use cdn_operator_e2e::{repository_root, say};
+use cdn_operator_e2e::{repository_root, say, USER_MANAGER};
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::rbac::v1::ClusterRole;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, DeleteParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use serde_json::json;
@@ -832,4 +835,472 @@ async fn an_at_runs_its_command_in_a_pod_whose_logs_hold_the_output() {
         .await
         .expect("creating the At");
     at_done_in_a_pod(&client, &ns, "token", &output, &t.nginx_image).await;
+}
+
+/// How long pods that cannot run get to say why (an image pull to fail, a first crash and its
+/// back-off, the scheduler's verdict: seconds; generous for a busy machine).
+const PROBLEM_WAIT: Duration = Duration::from_secs(240);
+/// How long the test watches pods that still cannot run for a status write at least: the
+/// kubelet retries meanwhile (a pull, a restart of the crash loop).
+const QUIET: Duration = Duration::from_secs(45);
+/// How long it waits, beyond [`QUIET`], for the crash loop's next restart (the kubelet's back-off
+/// doubles from 10 s to 5 min).
+const NEXT_RESTART: Duration = Duration::from_secs(330);
+/// An image no registry has (none is reachable): the kubelet alternates `ErrImagePull` and
+/// `ImagePullBackOff`.
+const MISSING_IMAGE: &str = "localhost/does-not-exist:1.30";
+const AT_MISSING_IMAGE: &str = "localhost/does-not-exist:1";
+
+/// A CdnCluster whose pods cannot run, and what its `Ready` condition must say.
+struct CannotRun {
+    name: &'static str,
+    /// The spec's fields beyond role, replicas and sources.
+    extra: serde_json::Value,
+    reason: &'static str,
+    /// What the message must be (docs/cdncluster.md, Why replicas do not run).
+    expected: &'static str,
+    message_fits: fn(&str) -> bool,
+}
+
+/// A cache of one replica fetching from a URL origin (never fetched from: no pod runs), with
+/// `extra` fields.
+fn cache_with(extra: &serde_json::Value) -> serde_json::Value {
+    let mut spec = json!({
+        "role": "cache",
+        "replicas": 1,
+        "sources": [{"name": "o", "origin": {"url": "http://origin.example:8080"}}],
+    });
+    for (field, value) in extra.as_object().expect("fields") {
+        spec[field] = value.clone();
+    }
+    spec
+}
+
+/// The condition `type_` of `conditions`: (status, reason, message).
+fn condition_of(
+    conditions: &[cdn_operator::api::Condition],
+    type_: &str,
+) -> Option<(String, String, String)> {
+    let c = conditions.iter().find(|c| c.type_ == type_)?;
+    Some((
+        c.status.to_string(),
+        c.reason.to_string(),
+        c.message.to_string(),
+    ))
+}
+
+async fn cluster_condition(
+    clusters: &Api<CdnCluster>,
+    name: &str,
+    type_: &str,
+) -> Result<(String, String, String), String> {
+    let cluster = clusters
+        .get_opt(name)
+        .await
+        .map_err(|e| format!("GET {name}: {e}"))?
+        .ok_or(format!("no CdnCluster {name}"))?;
+    let status = cluster.status.ok_or("no status yet")?;
+    condition_of(&status.conditions, type_).ok_or(format!("no {type_} condition yet"))
+}
+
+/// The Warning Events the operator published in `ns`, by the kind and name of their object.
+async fn operator_warnings(client: &Client, ns: &str) -> Vec<(String, String, Event)> {
+    let events = Api::<Event>::namespaced(client.clone(), ns)
+        .list(&ListParams::default())
+        .await
+        .unwrap_or_else(|e| panic!("listing the Events of {ns}: {e}"));
+    events
+        .items
+        .into_iter()
+        .filter(|e| e.reporting_controller.as_deref() == Some(EVENT_REPORTER))
+        .filter(|e| e.type_.as_deref() == Some("Warning"))
+        .map(|e| {
+            let regarding = e.regarding.clone().unwrap_or_default();
+            (
+                regarding.kind.unwrap_or_default(),
+                regarding.name.unwrap_or_default(),
+                e,
+            )
+        })
+        .collect()
+}
+
+/// The operator said of `kind` `name` exactly one Warning: one Event object with `reason` and
+/// `note`, published once (no series, or a series of one: a repeat would count in it).
+async fn one_warning(client: &Client, ns: &str, kind: &str, name: &str, reason: &str, note: &str) {
+    let about: Vec<Event> = operator_warnings(client, ns)
+        .await
+        .into_iter()
+        .filter(|(k, n, _)| k == kind && n == name)
+        .map(|(_, _, e)| e)
+        .collect();
+    let said: Vec<(Option<&str>, Option<&str>, Option<i32>)> = about
+        .iter()
+        .map(|e| {
+            (
+                e.reason.as_deref(),
+                e.note.as_deref(),
+                e.series.as_ref().map(|s| s.count),
+            )
+        })
+        .collect();
+    assert_eq!(
+        said.len(),
+        1,
+        "one Warning about {kind} {name}, {reason}: {said:#?}"
+    );
+    assert_eq!(
+        (said[0].0, said[0].1),
+        (Some(reason), Some(note)),
+        "the Warning about {kind} {name}"
+    );
+    assert!(
+        said[0].2.is_none_or(|count| count <= 1),
+        "the Warning about {kind} {name} was published again: {:?}",
+        about[0].series
+    );
+}
+
+/// The REASON column of `kubectl get cdn -n <ns>`, by CdnCluster.
+fn reason_column(ns: &str) -> std::collections::BTreeMap<String, String> {
+    let table = run(
+        Command::new("kubectl").args(["get", "cdn", "-n", ns]),
+        "kubectl get cdn",
+    );
+    let mut lines = table.lines();
+    let header: Vec<&str> = lines
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
+    let column = header
+        .iter()
+        .position(|h| *h == "REASON")
+        .unwrap_or_else(|| panic!("no REASON column in `kubectl get cdn`:\n{table}"));
+    lines
+        .map(|line| line.split_whitespace().collect::<Vec<_>>())
+        .map(|cells| {
+            let reason = cells.get(column).copied().unwrap_or_default();
+            (cells[0].to_string(), reason.to_string())
+        })
+        .collect()
+}
+
+/// The restarts of the nginx container of the pods of CdnCluster `name`.
+async fn nginx_restarts(client: &Client, ns: &str, name: &str) -> i32 {
+    let pods = Api::<Pod>::namespaced(client.clone(), ns)
+        .list(&ListParams::default().labels(&cluster_pods(name)))
+        .await
+        .unwrap_or_else(|e| panic!("the pods of {name}: {e}"));
+    pods.items
+        .iter()
+        .filter_map(|p| p.status.as_ref()?.container_statuses.as_ref())
+        .flatten()
+        .filter(|c| c.name == "nginx")
+        .map(|c| c.restart_count)
+        .sum()
+}
+
+/// Issue 41 on a kubelet and a scheduler: pods that cannot run, for four reasons, and an At's pod
+/// whose image does not exist. Each object's Ready says why, once (no write while the kubelet
+/// retries), with one Warning; a progress deadline makes the cluster Stalled; a fixed image makes
+/// it Running with no new Warning.
+#[tokio::test]
+async fn pods_that_cannot_run_are_the_ready_reason_once_with_one_warning_until_fixed() {
+    let Some(mut t) = NodeTest::new("cannot-run", Scope::Namespace).await else {
+        return;
+    };
+    let Some(pause_image) = t.extra_image(PAUSE_IMAGE_ENV) else {
+        return;
+    };
+    let Some(root_image) = t.extra_image(ROOT_IMAGE_ENV) else {
+        return;
+    };
+    let client = t.client.clone();
+    let ns = t.namespace("cannot-run").await;
+    t.helm_install(
+        &ns,
+        "cannot-run",
+        &["--set=singleNamespace.enabled=true".into()],
+    )
+    .await;
+    operator_ready_and_leading(&client, &ns).await;
+
+    let cases = [
+        CannotRun {
+            name: "crash",
+            // busybox without nginx: the entrypoint script fails (`cksum: not found`, 127).
+            extra: json!({"image": pause_image}),
+            reason: "CrashLoopBackOff",
+            expected:
+                "container nginx exits with code 127: <the script's last line, `… not found`>",
+            message_fits: |m| {
+                m.starts_with("container nginx exits with code 127: ") && m.contains("not found")
+            },
+        },
+        CannotRun {
+            name: "nopull",
+            extra: json!({"image": MISSING_IMAGE}),
+            reason: "ImagePullBackOff",
+            expected: "image localhost/does-not-exist:1.30 of container nginx cannot be pulled",
+            message_fits: |m| {
+                m == "image localhost/does-not-exist:1.30 of container nginx cannot be pulled"
+            },
+        },
+        CannotRun {
+            name: "rootimage",
+            // Refused by the kubelet under the pods' runAsNonRoot.
+            extra: json!({"image": root_image}),
+            reason: "CreateContainerConfigError",
+            expected: "container nginx cannot start: <the kubelet's words on runAsNonRoot>",
+            message_fits: |m| {
+                m.starts_with("container nginx cannot start: ") && m.contains("runAsNonRoot")
+            },
+        },
+        CannotRun {
+            name: "unschedulable",
+            extra: json!({"resources": {"requests": {"cpu": "64"}}}),
+            reason: "Unschedulable",
+            expected: "no node can run the pod: <the scheduler's first sentence, Insufficient cpu>",
+            message_fits: |m| {
+                m.starts_with("no node can run the pod: ") && m.contains("Insufficient cpu")
+            },
+        },
+    ];
+    for case in &cases {
+        apply_cluster(&client, &ns, case.name, cache_with(&case.extra)).await;
+    }
+    let at_name = "at-nopull";
+    let at: At = serde_json::from_value(json!({
+        "apiVersion": "cnat.programming-kubernetes.info/v1alpha1", "kind": "At",
+        "metadata": {"name": at_name},
+        "spec": {"schedule": "2019-04-12T10:12:00Z", "command": "echo never", "image": AT_MISSING_IMAGE},
+    }))
+    .expect("an At");
+    let ats: Api<At> = Api::namespaced(client.clone(), &ns);
+    ats.create(&PostParams::default(), &at)
+        .await
+        .expect("creating the At");
+
+    // Each CdnCluster's Ready says why its pod does not run, and one Warning says it too.
+    let clusters: Api<CdnCluster> = Api::namespaced(client.clone(), &ns);
+    let started = Instant::now();
+    let mut messages = Vec::new();
+    for case in &cases {
+        let message = until(
+            &format!(
+                "CdnCluster {} Ready False, {}: {}",
+                case.name, case.reason, case.expected
+            ),
+            PROBLEM_WAIT,
+            || async {
+                let (status, reason, message) =
+                    cluster_condition(&clusters, case.name, "Ready").await?;
+                let fits =
+                    status == "False" && reason == case.reason && (case.message_fits)(&message);
+                fits.then_some(message.clone())
+                    .ok_or(format!("Ready {status}, {reason}: {message}"))
+            },
+        )
+        .await;
+        say(&format!(
+            "node cannot-run: {} Ready False, {} {:?} after creation: {message}",
+            case.name,
+            case.reason,
+            started.elapsed()
+        ));
+        messages.push(message);
+    }
+    let at_message = format!(
+        "Pod {at_name}-pod: image {AT_MISSING_IMAGE} of container busybox cannot be pulled"
+    );
+    until(
+        &format!("At {at_name} Ready False, ImagePullBackOff: {at_message}"),
+        PROBLEM_WAIT,
+        || async {
+            let at = ats
+                .get_opt(at_name)
+                .await
+                .map_err(|e| format!("GET: {e}"))?
+                .ok_or("no At")?;
+            let status = at.status.ok_or("no status yet")?;
+            let (status, reason, message) =
+                condition_of(&status.conditions, "Ready").ok_or("no Ready condition yet")?;
+            (status == "False" && reason == "ImagePullBackOff" && message == at_message)
+                .then_some(())
+                .ok_or(format!("Ready {status}, {reason}: {message}"))
+        },
+    )
+    .await;
+
+    // One Warning per problem and object (it follows the status write: waited for).
+    let mut warned: Vec<(&str, &str, &str, String)> = cases
+        .iter()
+        .zip(&messages)
+        .map(|(case, message)| ("CdnCluster", case.name, case.reason, message.clone()))
+        .collect();
+    warned.push(("At", at_name, "ImagePullBackOff", at_message.clone()));
+    for (kind, name, reason, note) in &warned {
+        eventually(
+            &format!("a Warning {reason} about {kind} {name}"),
+            Duration::from_secs(30),
+            || async {
+                operator_warnings(&client, &ns)
+                    .await
+                    .iter()
+                    .any(|(k, n, e)| k == kind && n == name && e.reason.as_deref() == Some(reason))
+                    .then_some(())
+            },
+        )
+        .await;
+        one_warning(&client, &ns, kind, name, reason, note).await;
+    }
+
+    // `kubectl get cdn` shows each reason.
+    let column = reason_column(&ns);
+    for case in &cases {
+        assert_eq!(
+            column.get(case.name).map(String::as_str),
+            Some(case.reason),
+            "REASON of {} in `kubectl get cdn -n {ns}`: {column:?}",
+            case.name
+        );
+    }
+
+    // The problems stay the same while the kubelet retries (a pull, the crash loop's next
+    // restart, the scheduler): no status write, no second Warning.
+    let versions = |names: Vec<&'static str>| {
+        let (clusters, ats) = (clusters.clone(), ats.clone());
+        async move {
+            let mut versions = Vec::new();
+            for name in names {
+                let cluster = clusters.get(name).await.expect("GET the CdnCluster");
+                versions.push((name, cluster.resource_version()));
+            }
+            let at = ats.get(at_name).await.expect("GET the At");
+            versions.push((at_name, at.resource_version()));
+            versions
+        }
+    };
+    let names: Vec<&'static str> = cases.iter().map(|c| c.name).collect();
+    let before = versions(names.clone()).await;
+    let restarts = nginx_restarts(&client, &ns, "crash").await;
+    let quiet = Instant::now();
+    tokio::time::sleep(QUIET).await;
+    eventually(
+        &format!("a restart of crash's nginx after its {restarts}"),
+        NEXT_RESTART,
+        || async { (nginx_restarts(&client, &ns, "crash").await > restarts).then_some(()) },
+    )
+    .await;
+    let after = versions(names).await;
+    say(&format!(
+        "node cannot-run: no status write in {:?} (crash's nginx restarted {} → {} times)",
+        quiet.elapsed(),
+        restarts,
+        nginx_restarts(&client, &ns, "crash").await
+    ));
+    assert_eq!(
+        after, before,
+        "resourceVersions after the kubelet's retries"
+    );
+    for (kind, name, reason, note) in &warned {
+        one_warning(&client, &ns, kind, name, reason, note).await;
+    }
+
+    // The rollout past its progress deadline (a field the operator leaves to others): Stalled,
+    // the pods' reason unchanged in Ready, and no other Warning.
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+    deployments
+        .patch(
+            "nopull-deployment",
+            &PatchParams {
+                field_manager: Some(USER_MANAGER.into()),
+                ..Default::default()
+            },
+            &Patch::Merge(json!({"spec": {"progressDeadlineSeconds": 15}})),
+        )
+        .await
+        .expect("patching nopull-deployment's progressDeadlineSeconds");
+    let message_of = |name: &str| {
+        let at = cases.iter().position(|c| c.name == name).expect("a case");
+        messages[at].clone()
+    };
+    let nopull_message = &message_of("nopull");
+    until(
+        "nopull Stalled True, ProgressDeadlineExceeded",
+        PROBLEM_WAIT,
+        || async {
+            let (status, reason, message) =
+                cluster_condition(&clusters, "nopull", "Stalled").await?;
+            (status == "True" && reason == "ProgressDeadlineExceeded" && message == *nopull_message)
+                .then_some(())
+                .ok_or(format!("Stalled {status}, {reason}: {message}"))
+        },
+    )
+    .await;
+    assert_eq!(
+        cluster_condition(&clusters, "nopull", "Ready").await,
+        Ok((
+            "False".into(),
+            "ImagePullBackOff".into(),
+            nopull_message.clone()
+        ))
+    );
+    assert_eq!(
+        cluster_condition(&clusters, "nopull", "Reconciling")
+            .await
+            .map(|(status, reason, _)| (status, reason)),
+        Ok(("False".into(), "ImagePullBackOff".into()))
+    );
+    let deadline = deployments
+        .get("nopull-deployment")
+        .await
+        .expect("GET nopull-deployment")
+        .spec
+        .and_then(|s| s.progress_deadline_seconds);
+    assert_eq!(
+        deadline,
+        Some(15),
+        "the operator left progressDeadlineSeconds alone"
+    );
+    one_warning(
+        &client,
+        &ns,
+        "CdnCluster",
+        "nopull",
+        "ImagePullBackOff",
+        nopull_message,
+    )
+    .await;
+
+    // crash fixed: its image is nginx. Running, Ready, and no new Warning.
+    apply_cluster(
+        &client,
+        &ns,
+        "crash",
+        cache_with(&json!({"image": t.nginx_image})),
+    )
+    .await;
+    let pods = cluster_running(&client, &ns, "crash", WAIT).await;
+    assert_image(&pods, "nginx", &t.nginx_image);
+    let (status, reason, _) = cluster_condition(&clusters, "crash", "Ready")
+        .await
+        .expect("crash's Ready");
+    assert_eq!((status.as_str(), reason.as_str()), ("True", "Running"));
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let crash_message = message_of("crash");
+    one_warning(
+        &client,
+        &ns,
+        "CdnCluster",
+        "crash",
+        "CrashLoopBackOff",
+        &crash_message,
+    )
+    .await;
+    assert_eq!(
+        reason_column(&ns).get("crash").map(String::as_str),
+        Some("Running")
+    );
 }
