@@ -18,7 +18,9 @@
 # Network: only addresses this script makes. A bridge (cdne2e0, 10.88.0.1/16) for the pods, the
 # API server, kubelet and cluster DNS bound on its host address 10.88.0.1, Services (10.96.0.0/16)
 # routed to it; NodePorts only on 10.88.0.1. Nothing listens on the machine's own address. The
-# pods have routes to the pod and Service networks only.
+# pods have routes to the pod and Service networks only. The loopback ports (etcd 23790, the
+# controllers 20257 and 20259, kubelet 20248, kube-proxy 20249 and 20256) are not the usual ones:
+# a control plane already running here is left alone.
 # State (certificates, logs, containerd's root, the node's images): NODE_DIR, outside the
 # repository (default /var/tmp/cdn-operator-node). `down` stops every process by the pid `up`
 # recorded, removes the containers, mounts and the bridge, and restores the iptables rules and the
@@ -49,9 +51,13 @@ SYSCTLS=(vm.overcommit_memory kernel.panic kernel.panic_on_oops net.ipv4.ip_forw
 say() { echo "node.sh: $*" >&2; }
 die() { say "$*"; exit 1; }
 
-waitfor() { # what seconds cmd...
-  local what=$1 secs=$2; shift 2
+waitfor() { # what seconds cmd...: also fails as soon as a process started here has exited
+  local what=$1 secs=$2 f; shift 2
   for ((i = 0; i < secs * 5; i++)); do
+    for f in "$RUN"/*.pid; do
+      [[ -f $f ]] || continue
+      kill -0 "$(cat "$f")" 2>/dev/null || die "$(basename "$f" .pid) exited; see $LOGS/$(basename "$f" .pid).log"
+    done
     if "$@" >/dev/null 2>&1; then say "$what is ready"; return 0; fi
     sleep 0.2
   done
@@ -350,15 +356,15 @@ control_plane() {
     --kubeconfig="$PKI/controller-manager.kubeconfig" \
     --authentication-kubeconfig="$PKI/controller-manager.kubeconfig" \
     --authorization-kubeconfig="$PKI/controller-manager.kubeconfig" \
-    --bind-address=127.0.0.1 --secure-port=10257 --controllers='*' --use-service-account-credentials=true \
+    --bind-address=127.0.0.1 --secure-port=20257 --controllers='*' --use-service-account-credentials=true \
     --service-account-private-key-file="$PKI/sa.key" --root-ca-file="$PKI/ca.crt" \
     --cluster-signing-cert-file="$PKI/ca.crt" --cluster-signing-key-file="$PKI/ca.key" \
     --cluster-name=cdn-e2e --service-cluster-ip-range="$SERVICE_CIDR" --leader-elect=false --profiling=false
-  waitfor kube-controller-manager 60 curl -skf https://127.0.0.1:10257/healthz
+  waitfor kube-controller-manager 60 curl -skf https://127.0.0.1:20257/healthz
   start kube-scheduler "$B/kube-scheduler" --kubeconfig="$PKI/scheduler.kubeconfig" \
     --authentication-kubeconfig="$PKI/scheduler.kubeconfig" --authorization-kubeconfig="$PKI/scheduler.kubeconfig" \
-    --bind-address=127.0.0.1 --secure-port=10259 --leader-elect=false --profiling=false
-  waitfor kube-scheduler 60 curl -skf https://127.0.0.1:10259/healthz
+    --bind-address=127.0.0.1 --secure-port=20259 --leader-elect=false --profiling=false
+  waitfor kube-scheduler 60 curl -skf https://127.0.0.1:20259/healthz
 }
 
 node() {
@@ -370,7 +376,7 @@ kind: KubeletConfiguration
 address: $HOST_IP
 port: 10250
 healthzBindAddress: 127.0.0.1
-healthzPort: 10248
+healthzPort: 20248
 readOnlyPort: 0
 authentication:
   anonymous: {enabled: false}
@@ -405,7 +411,7 @@ EOF
   start kube-proxy "$B/kube-proxy" --kubeconfig="$PKI/kube-proxy.kubeconfig" \
     --hostname-override="$NODE_NAME" --proxy-mode=iptables --cluster-cidr="$POD_CIDR" --masquerade-all \
     --nodeport-addresses="$HOST_IP/32" --bind-address="$HOST_IP" \
-    --metrics-bind-address=127.0.0.1:10249 --healthz-bind-address=127.0.0.1:10256 \
+    --metrics-bind-address=127.0.0.1:20249 --healthz-bind-address=127.0.0.1:20256 \
     --conntrack-max-per-core=0 --conntrack-tcp-timeout-established=0 --conntrack-tcp-timeout-close-wait=0
   waitfor "node $NODE_NAME" 120 kubectl wait --for=condition=Ready "node/$NODE_NAME" --timeout=1s
   (cd "$repo" && cargo build -q --locked -p cdn-operator-e2e --bin cluster-dns)
@@ -413,7 +419,7 @@ EOF
     --kubeconfig "$KUBECONFIG"
   # It publishes nothing before both watches have listed: the API server's own name means it has.
   waitfor "cluster DNS" 60 grep -q "kubernetes.default.svc.cluster.local" "$LOGS/cluster-dns.log"
-  waitfor "kube-proxy" 60 curl -sf http://127.0.0.1:10256/healthz
+  waitfor "kube-proxy" 60 curl -sf http://127.0.0.1:20256/healthz
 }
 
 target_dir() { echo "${CARGO_TARGET_DIR:-$repo/target}"; }
