@@ -2,7 +2,7 @@
 
 use super::sources::Problem;
 use super::Error;
-use crate::api::{CdnCluster, CdnClusterStatus, State};
+use crate::api::{CdnCluster, CdnClusterStatus, Condition, State};
 pub use crate::kubernetes::apply::Change;
 pub use crate::kubernetes::events::Notice;
 use crate::kubernetes::problems;
@@ -181,7 +181,17 @@ pub fn desired(cluster: &CdnCluster, observed: Observed<'_>, now: &Time) -> CdnC
                 // Why the replicas are not ready, at once; Stalled only once the Deployment
                 // itself gave up (kstatus's rule for a Deployment): a pod that cannot start
                 // may yet (a node added, a Secret created).
-                let (reason, message) = (problem.reason, problem.message);
+                let reason = problem.reason;
+                // While the reason and the spec stay, so does the message: what a crashing
+                // program printed last can differ from one restart to the next (a race of its
+                // own), which is no new problem and worth no write; an edit of the spec, the
+                // user's attempt at a fix, gets the message of the pods it makes.
+                let kept = (previous.observed_generation == generation)
+                    .then(|| crate::reconcile::conditions::find(&previous.conditions, READY))
+                    .flatten()
+                    .filter(|c| c.status.as_str() == "False" && c.reason.as_str() == reason)
+                    .map(|c| c.message.to_string());
+                let message = kept.unwrap_or(problem.message);
                 set(READY, False, reason, message.clone());
                 if deadline_exceeded {
                     set(RECONCILING, False, reason, message.clone());
@@ -327,10 +337,13 @@ pub fn notices(
         // One Warning per distinct problem: not one per retry of the kubelet (the message is
         // the same), nor one per reconcile.
         (Some(State::Deploying), _) if problem(observed).is_some() => {
-            let problem = problem(observed).expect("matched");
-            let ready = before(READY).map(|c| (c.reason.to_string(), c.message.to_string()));
-            if ready != Some((problem.reason.to_string(), problem.message.clone())) {
-                out.push(Notice::warning(problem.reason, problem.message));
+            let reason = problem(observed).expect("matched").reason;
+            let ready = |c: Option<&Condition>| c.map(|c| (c.reason.clone(), c.message.clone()));
+            if ready(before(READY)) != ready(after(READY)) {
+                let message = after(READY)
+                    .map(|c| c.message.to_string())
+                    .unwrap_or_default();
+                out.push(Notice::warning(reason, message));
             }
         }
         (Some(State::Running), _) if previous.state != Some(State::Running) => {

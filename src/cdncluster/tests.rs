@@ -1563,6 +1563,47 @@ fn replicas_that_cannot_start_are_reported_with_their_reason_once() {
     assert!(status::notices(&c, &s, &recovered, &[]).is_empty());
 }
 
+/// A crash loop whose last lines differ from one restart to the next (seen on a real node: the
+/// entrypoint's two failing commands race, either may print last): the same problem, so the same
+/// status and no Event; an edit of the spec gets the new pods' message and its Warning.
+#[test]
+fn a_crash_whose_last_lines_change_between_restarts_is_one_problem_until_the_spec_changes() {
+    use crate::reconcile::conditions::find;
+    let mut c: CdnCluster = real_node("cdncluster-crash");
+    c.status = None;
+    let d: Deployment = real_node("deployment-crash");
+    let first = pod_problem("pod-crash-logs").unwrap();
+    assert_eq!(first.reason, "CrashLoopBackOff");
+    let observed = Observed::Deployed(Some(&d), Some(&first));
+    let s = status::desired(&c, observed, &now());
+    assert_eq!(status::notices(&c, &s, &observed, &[]).len(), 1);
+    c.status = Some(s.clone());
+
+    let next_restart = crate::kubernetes::problems::Problem {
+        message: format!("{} (printed in another order)", first.message),
+        ..first.clone()
+    };
+    let observed = Observed::Deployed(Some(&d), Some(&next_restart));
+    let again = status::desired(&c, observed, &now());
+    assert_eq!(
+        again, s,
+        "the same reason, the same spec: the same status, no write"
+    );
+    assert!(status::notices(&c, &again, &observed, &[]).is_empty());
+
+    c.metadata.generation = Some(c.metadata.generation.unwrap_or(1) + 1);
+    let edited = status::desired(&c, observed, &now());
+    let ready = find(&edited.conditions, status::READY).unwrap();
+    assert_eq!(ready.message.to_string(), next_restart.message);
+    let n = status::notices(&c, &edited, &observed, &[]);
+    assert_eq!(
+        n.iter()
+            .map(|n| (n.reason, n.warning, n.message.clone()))
+            .collect::<Vec<_>>(),
+        [("CrashLoopBackOff", true, next_restart.message.clone())]
+    );
+}
+
 /// A crash loop past the Deployment's progress deadline: the pods' reason, and Stalled.
 #[test]
 fn a_rollout_past_its_deadline_is_stalled_with_the_pods_reason() {
