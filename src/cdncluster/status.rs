@@ -182,13 +182,11 @@ pub fn desired(cluster: &CdnCluster, observed: Observed<'_>, now: &Time) -> CdnC
                 // itself gave up (kstatus's rule for a Deployment): a pod that cannot start
                 // may yet (a node added, a Secret created).
                 let reason = problem.reason;
-                // While the reason and the spec stay, so does the message: what a crashing
-                // program printed last can differ from one restart to the next (a race of its
-                // own), which is no new problem and worth no write; an edit of the spec, the
-                // user's attempt at a fix, gets the message of the pods it makes.
-                let kept = (previous.observed_generation == generation)
-                    .then(|| crate::reconcile::conditions::find(&previous.conditions, READY))
-                    .flatten()
+                // While the reason stays, so does the message: what a crashing program printed
+                // last can differ from one restart to the next (a race of its own), and a spec
+                // edit leaves the old pods crashing beside the new ones for a while: neither is
+                // a new problem, worth a write and a Warning.
+                let kept = crate::reconcile::conditions::find(&previous.conditions, READY)
                     .filter(|c| c.status.as_str() == "False" && c.reason.as_str() == reason)
                     .map(|c| c.message.to_string());
                 let message = kept.unwrap_or(problem.message);

@@ -1564,10 +1564,11 @@ fn replicas_that_cannot_start_are_reported_with_their_reason_once() {
 }
 
 /// A crash loop whose last lines differ from one restart to the next (seen on a real node: the
-/// entrypoint's two failing commands race, either may print last): the same problem, so the same
-/// status and no Event; an edit of the spec gets the new pods' message and its Warning.
+/// entrypoint's two failing commands race, either may print last), also after a spec edit (whose
+/// rollout leaves the old pods crashing for a while): one problem, so the same status and no
+/// Event; another reason is a new problem, with its own message and Warning.
 #[test]
-fn a_crash_whose_last_lines_change_between_restarts_is_one_problem_until_the_spec_changes() {
+fn a_crash_whose_last_lines_change_between_restarts_is_one_problem_until_its_reason_changes() {
     use crate::reconcile::conditions::find;
     let mut c: CdnCluster = real_node("cdncluster-crash");
     c.status = None;
@@ -1585,22 +1586,31 @@ fn a_crash_whose_last_lines_change_between_restarts_is_one_problem_until_the_spe
     };
     let observed = Observed::Deployed(Some(&d), Some(&next_restart));
     let again = status::desired(&c, observed, &now());
-    assert_eq!(
-        again, s,
-        "the same reason, the same spec: the same status, no write"
-    );
+    assert_eq!(again, s, "the same reason: the same status, no write");
     assert!(status::notices(&c, &again, &observed, &[]).is_empty());
-
     c.metadata.generation = Some(c.metadata.generation.unwrap_or(1) + 1);
     let edited = status::desired(&c, observed, &now());
-    let ready = find(&edited.conditions, status::READY).unwrap();
-    assert_eq!(ready.message.to_string(), next_restart.message);
-    let n = status::notices(&c, &edited, &observed, &[]);
+    assert_eq!(
+        find(&edited.conditions, status::READY)
+            .unwrap()
+            .message
+            .to_string(),
+        first.message,
+        "an edit rolling out beside the crashing pods: the same problem"
+    );
+    assert!(status::notices(&c, &edited, &observed, &[]).is_empty());
+
+    let unpullable = pod_problem("pod-nopull").unwrap();
+    let observed = Observed::Deployed(Some(&d), Some(&unpullable));
+    let other = status::desired(&c, observed, &now());
+    let ready = find(&other.conditions, status::READY).unwrap();
+    assert_eq!(ready.message.to_string(), unpullable.message);
+    let n = status::notices(&c, &other, &observed, &[]);
     assert_eq!(
         n.iter()
             .map(|n| (n.reason, n.warning, n.message.clone()))
             .collect::<Vec<_>>(),
-        [("CrashLoopBackOff", true, next_restart.message.clone())]
+        [("ImagePullBackOff", true, unpullable.message.clone())]
     );
 }
 
