@@ -98,6 +98,15 @@ pub struct CdnClusterSpec {
     /// balancers that clients reach.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<Box<TlsSpec>>,
+
+    /// Signed URLs: every request must carry a valid token (HMAC-SHA256 over an expiry, a path
+    /// ACL with wildcards and optionally the viewer's address), in a query parameter or a
+    /// cookie; others get 403 without reaching a source. The token is left out of the cache key
+    /// and, unless asked, of the request to the sources. Usually set on the balancers viewers
+    /// reach; such a cluster trusts no proxy's `X-Forwarded-For` unless `http.trustedProxies`
+    /// names it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signed_urls: Option<Box<SignedUrls>>,
 }
 
 fn default_replicas() -> i32 {
@@ -119,6 +128,7 @@ impl CdnClusterSpec {
             ingress: None,
             pods: None,
             tls: None,
+            signed_urls: None,
         }
     }
 }
@@ -355,6 +365,42 @@ pub struct TlsSpec {
     /// probes' path. Default false: plain HTTP serves as HTTPS does.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub redirect: bool,
+}
+
+/// The default name of the query parameter and cookie that carry a token: Akamai EdgeAuth's, so
+/// its signers work unchanged.
+pub const DEFAULT_TOKEN_NAME: &str = "__token__";
+
+/// Signed URLs on a CdnCluster's instances.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SignedUrls {
+    /// A Secret of the namespace whose entries are the keys, each a hex string of 16 to 64 bytes
+    /// (`openssl rand -hex 32`). Every key it holds is accepted: to rotate, add the new key,
+    /// sign with it once the pods have it (about a minute), and remove the old one once the
+    /// tokens it signed have expired. A changed Secret is applied without a restart. Mounted in
+    /// the pods: they start once it exists.
+    #[schemars(length(min = 1, max = 253), regex(pattern = DNS_SUBDOMAIN_PATTERN))]
+    pub secret_name: String,
+
+    /// The query parameter, and the cookie, that carry the token (the parameter first). Default
+    /// `__token__`, Akamai EdgeAuth's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 64), regex(pattern = r"^[A-Za-z0-9_]+$"))]
+    pub token_name: Option<String>,
+
+    /// Send the token on to the sources. Default false: it is removed from the request they get.
+    /// Either way it is no part of the cache key or of a pool's hash: one object is cached once,
+    /// whatever its token.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub forward_token: bool,
+}
+
+impl SignedUrls {
+    /// The query parameter and cookie of the token.
+    pub fn token_name(&self) -> &str {
+        self.token_name.as_deref().unwrap_or(DEFAULT_TOKEN_NAME)
+    }
 }
 
 /// What the operator observed of a CdnCluster.

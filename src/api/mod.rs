@@ -3,14 +3,16 @@
 pub mod at;
 pub mod cdncluster;
 mod condition;
+pub mod purge;
 
 pub use at::{At, AtSpec, AtStatus, Outcome, Phase, AT_MAX_NAME_LEN};
 pub use cdncluster::{
     CacheRule, CacheSpec, CdnCluster, CdnClusterSpec, CdnClusterStatus, HttpSpec, IngressExposure,
-    Origin, Pods, Role, ServiceExposure, ServiceOrigin, ServiceType, Source, State, TlsSpec,
-    TrafficPolicy, MAX_NAME_LEN,
+    Origin, Pods, Role, ServiceExposure, ServiceOrigin, ServiceType, SignedUrls, Source, State,
+    TlsSpec, TrafficPolicy, DEFAULT_TOKEN_NAME, MAX_NAME_LEN,
 };
 pub use condition::{Condition, Text};
+pub use purge::{CdnPurge, CdnPurgeSpec, CdnPurgeStatus, PurgeMode, PurgePhase};
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
@@ -18,7 +20,7 @@ use serde_json::json;
 
 /// Every CRD the operator serves, as installed: the single source of truth for all manifests.
 pub fn crds() -> Vec<CustomResourceDefinition> {
-    let mut crds = vec![cdncluster_crd(), at_crd()];
+    let mut crds = vec![cdncluster_crd(), at_crd(), CdnPurge::crd()];
     for crd in &mut crds {
         with_object_fields(crd);
     }
