@@ -58,8 +58,10 @@ LABEL org.opencontainers.image.title="cdn-operator" \
       org.opencontainers.image.source="https://github.com/anevia/cdn-operator" \
       org.opencontainers.image.licenses="Apache-2.0"
 COPY --from=binary /out/cdn-operator /cdn-operator
-# The uid of the Deployment's securityContext; no /etc/passwd is needed for a numeric user.
-USER 65532:65532
+# A numeric user (no /etc/passwd needed): 101, the user of the default nginx image, because this
+# image is also the sidecar of the nginx pods, which applies purges to the cache files nginx makes
+# readable by its own user only (docs/adr/0008-purges-in-place.md).
+USER 101:101
 EXPOSE 8443 8081
 ENTRYPOINT ["/cdn-operator"]
 CMD ["run"]

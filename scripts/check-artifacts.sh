@@ -431,10 +431,10 @@ else
   "${bah[@]}" umount "$ctr" >/dev/null
   "${bah[@]}" rm "$ctr" >/dev/null
   "${bah[@]}" rmi "$tag" >/dev/null
-  [ "$config" = 'linux/amd64 65532:65532 [/cdn-operator]' ] || { echo "unexpected image config: $config"; exit 1; }
+  [ "$config" = 'linux/amd64 101:101 [/cdn-operator]' ] || { echo "unexpected image config: $config"; exit 1; }
   [ "$files" = './cdn-operator ' ] || { echo "unexpected files in the image: $files"; exit 1; }
   echo "ok image: user and entrypoint $config, only /cdn-operator, $version"
-  # That filesystem run as a runtime runs it (tests/process/image.rs): chroot as 65532 with
+  # That filesystem run as a runtime runs it (tests/process/image.rs): chroot as 101 with
   # /etc/hosts and /etc/resolv.conf, the API server named in /etc/hosts, the OTLP collector by
   # DNS (dnsmasq on loopback), no CA files: the spans of a reconcile must arrive.
   CDN_OPERATOR_IMAGE_ROOT="$work/image-root" cargo test --locked --test process -- --ignored --exact \
@@ -458,7 +458,7 @@ else
   "${bah[@]}" umount "$ctr" >/dev/null
   "${bah[@]}" rm "$ctr" >/dev/null
   "${bah[@]}" rmi "$atag" >/dev/null
-  [ "$platform" = 'linux/arm64 65532:65532 [/cdn-operator]' ] || { echo "unexpected arm64 image config: $platform"; exit 1; }
+  [ "$platform" = 'linux/arm64 101:101 [/cdn-operator]' ] || { echo "unexpected arm64 image config: $platform"; exit 1; }
   echo "ok arm64 image: $platform, $image_arm_version"
   btag=localhost/cdn-operator-bundle:check-$$
   "${bah[@]}" bud --isolation chroot --quiet -f bundle/bundle.Dockerfile -t "$btag" bundle >/dev/null

@@ -6,6 +6,7 @@ pub mod at;
 pub mod cdncluster;
 pub mod cli;
 pub mod kubernetes;
+pub mod nginx_cache;
 pub mod nginx_metrics;
 pub mod reconcile;
 pub mod run;

@@ -580,8 +580,11 @@ fn the_pod_monitor_scrapes_the_metrics_port_of_every_nginx_pod() {
         json!([{"port": "metrics", "path": "/metrics", "interval": "30s"}])
     );
     // ... which every pod the operator builds serves: its sidecar's port of that name.
-    let sidecar = build::PodImages {
-        metrics: Some("cdn-operator".into()),
+    let sidecar = build::PodSettings {
+        images: build::PodImages {
+            metrics: Some("cdn-operator".into()),
+            ..Default::default()
+        },
         ..Default::default()
     };
     for role in [Role::Balancer, Role::Cache] {

@@ -9,15 +9,16 @@ use super::sources::{SERVICE_PORT, TLS_SERVICE_PORT};
 use crate::api::{CdnCluster, Role};
 use crate::kubernetes::problems::INSTANCE_LABEL;
 use crate::kubernetes::restricted::RunAs;
+use crate::nginx_cache::wire;
 use crate::nginx_metrics as metrics;
 use k8s_openapi::api::apps::v1::{
     Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment,
 };
 use k8s_openapi::api::core::v1::{
-    ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource,
-    HTTPGetAction, KeyToPath, Lifecycle, LifecycleHandler, PodSpec, PodTemplateSpec, Probe,
-    ResourceRequirements, SecretVolumeSource, Service, ServicePort, ServiceSpec, SleepAction,
-    TopologySpreadConstraint, Volume, VolumeMount,
+    ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource, EnvVar,
+    EnvVarSource, HTTPGetAction, KeyToPath, Lifecycle, LifecycleHandler, ObjectFieldSelector,
+    PodSpec, PodTemplateSpec, Probe, ResourceRequirements, SecretVolumeSource, Service,
+    ServicePort, ServiceSpec, SleepAction, TopologySpreadConstraint, Volume, VolumeMount,
 };
 use k8s_openapi::api::networking::v1::{
     HTTPIngressPath, HTTPIngressRuleValue, Ingress, IngressBackend, IngressRule,
@@ -233,15 +234,27 @@ impl PodImages {
     }
 }
 
+/// What the operator sets of every CdnCluster's pods that no spec says: the images, and the keys
+/// the pods' sidecars check purges with.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PodSettings {
+    pub images: PodImages,
+    /// The operator's public keys, as a cache's ConfigMap publishes them for its sidecar
+    /// ([`crate::nginx_cache::wire::public_keys_file`]); empty when the operator has none, and
+    /// the sidecars then refuse every purge.
+    pub purge_keys: String,
+}
+
 /// Builds the children of `cluster` whose sources resolved to `upstreams`, its pods running as
-/// `run_as` pins them, from `images` (the metrics sidecar when it has an image).
+/// `run_as` pins them, as `pods` sets them (the metrics sidecar when it has an image).
 pub fn children(
     cluster: &CdnCluster,
     upstreams: &[Upstream],
     run_as: &RunAs,
-    images: &PodImages,
+    pods: &PodSettings,
 ) -> Children {
     let name = cluster.name_any();
+    let images = &pods.images;
     let config = config(
         cluster,
         upstreams,
@@ -249,7 +262,7 @@ pub fn children(
         images.metrics().is_some(),
     );
     Children {
-        config_map: config_map(cluster, config),
+        config_map: config_map(cluster, config, &pods.purge_keys),
         deployment: deployment(cluster, run_as, images),
         service: service(cluster, &name),
         pod_disruption_budget: pod_disruption_budget(cluster),
@@ -372,16 +385,23 @@ fn metadata(cluster: &CdnCluster, name: String) -> ObjectMeta {
     }
 }
 
-fn config_map(cluster: &CdnCluster, config: String) -> ConfigMap {
+/// The ConfigMap of `cluster`: nginx.conf, the entrypoint, and for a cache the operator's
+/// `purge_keys`, which its sidecar checks purges with (read at each purge: a new key needs no
+/// restart).
+fn config_map(cluster: &CdnCluster, config: String, purge_keys: &str) -> ConfigMap {
+    let mut data = BTreeMap::from([
+        (CONFIG_KEY.to_string(), config),
+        (
+            ENTRYPOINT_KEY.to_string(),
+            entrypoint(cluster.spec.tls.is_some()).into_owned(),
+        ),
+    ]);
+    if cluster.spec.role == Role::Cache && !purge_keys.is_empty() {
+        data.insert(wire::PUBLIC_KEYS_KEY.to_string(), purge_keys.to_string());
+    }
     ConfigMap {
         metadata: metadata(cluster, config_map_name(&cluster.name_any())),
-        data: Some(BTreeMap::from([
-            (CONFIG_KEY.to_string(), config),
-            (
-                ENTRYPOINT_KEY.to_string(),
-                entrypoint(cluster.spec.tls.is_some()).into_owned(),
-            ),
-        ])),
+        data: Some(data),
         ..ConfigMap::default()
     }
 }
@@ -625,10 +645,20 @@ fn metrics_sidecar(cluster: &CdnCluster, image: &str) -> Container {
             paths.cache_dir.clone(),
             "--cache-max-size".into(),
             size_bytes(&size).unwrap_or(0).to_string(),
+            "--purge-keys".into(),
+            format!("{CONFIG_DIR}/{}", wire::PUBLIC_KEYS_KEY),
         ]);
+        // Writable: purges change cache files in place. nginx makes them readable by its own
+        // user only, which the sidecar's image shares (101, the default nginx image's).
         mounts.push(VolumeMount {
             name: "cache".into(),
             mount_path: paths.cache_dir,
+            ..VolumeMount::default()
+        });
+        // The operator's public keys, which purges must be signed with.
+        mounts.push(VolumeMount {
+            name: "config".into(),
+            mount_path: CONFIG_DIR.into(),
             read_only: Some(true),
             ..VolumeMount::default()
         });
@@ -673,6 +703,18 @@ fn metrics_sidecar(cluster: &CdnCluster, image: &str) -> Container {
         }),
         security_context: Some(crate::kubernetes::restricted::container()),
         volume_mounts: Some(mounts),
+        // A purge batch names the cluster (namespace/name) it is meant for.
+        env: Some(vec![EnvVar {
+            name: "POD_NAMESPACE".into(),
+            value_from: Some(EnvVarSource {
+                field_ref: Some(ObjectFieldSelector {
+                    field_path: "metadata.namespace".into(),
+                    ..ObjectFieldSelector::default()
+                }),
+                ..EnvVarSource::default()
+            }),
+            ..EnvVar::default()
+        }]),
         ..Container::default()
     }
 }

@@ -62,8 +62,8 @@ pub struct Context {
     pub writes_visible_within: Duration,
     /// The DNS domain of the cluster, in the names of the Services the CdnClusters' nginx looks up.
     pub cluster_domain: String,
-    /// The pods' images: nginx's default and the metrics sidecar.
-    pub images: build::PodImages,
+    /// The pods' images and the keys their sidecars check purges with.
+    pub pod_settings: build::PodSettings,
 }
 
 /// What the operator's flags set of every CdnCluster's children.
@@ -71,8 +71,8 @@ pub struct Context {
 pub struct Settings {
     /// The pods' user and groups.
     pub run_as: RunAs,
-    /// The pods' images: nginx's default and the metrics sidecar.
-    pub images: build::PodImages,
+    /// The pods' images and the keys their sidecars check purges with.
+    pub pods: build::PodSettings,
     /// The DNS domain of the cluster.
     pub cluster_domain: String,
 }
@@ -166,7 +166,7 @@ pub fn controller(
         pods,
         writes_visible_within: cache::WRITES_VISIBLE_WITHIN,
         cluster_domain: settings.cluster_domain,
-        images: settings.images,
+        pod_settings: settings.pods,
     });
     (context, controller)
 }
@@ -248,7 +248,8 @@ pub async fn reconcile(cluster: Arc<CdnCluster>, ctx: Arc<Context>) -> Result<Ac
             Observed::Problem(problem)
         }
         Ok(upstreams) => {
-            let desired = build::children(&cluster, upstreams, &ctx.shared.run_as, &ctx.images);
+            let desired =
+                build::children(&cluster, upstreams, &ctx.shared.run_as, &ctx.pod_settings);
             match children::apply(&ctx, &namespace, desired, &mut written).await {
                 Ok(last_known) => {
                     (deployment, failed) = (last_known, None);

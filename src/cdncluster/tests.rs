@@ -496,7 +496,11 @@ fn nginx_runs_the_operators_default_image_unless_the_spec_names_one() {
         metrics: None,
     };
     let image = |c: &CdnCluster| {
-        build::children(c, &[], &RunAs::default(), &images)
+        let pods = build::PodSettings {
+            images: images.clone(),
+            ..Default::default()
+        };
+        build::children(c, &[], &RunAs::default(), &pods)
             .deployment
             .spec
             .unwrap()

@@ -70,12 +70,18 @@ pub fn render(
     cluster_domain: &str,
 ) -> Result<Rendered, Vec<String>> {
     let index = Index::new(&manifests.clusters);
+    // The operator's purge keys are its own, made in the cluster: not rendered (a diff against
+    // the cluster shows its caches' ConfigMaps losing them).
+    let pods = build::PodSettings {
+        images: images.clone(),
+        purge_keys: String::new(),
+    };
     let mut problems = Vec::new();
     let mut clusters = Vec::new();
     for cluster in &manifests.clusters {
         let namespace = cluster.namespace().unwrap_or_default();
         match sources::resolve(cluster, index.lookup(&namespace), cluster_domain) {
-            Ok(upstreams) => clusters.push(build::children(cluster, &upstreams, run_as, images)),
+            Ok(upstreams) => clusters.push(build::children(cluster, &upstreams, run_as, &pods)),
             Err(problem) => problems.push(format!(
                 "CdnCluster {namespace}/{}: {}",
                 cluster.name_any(),

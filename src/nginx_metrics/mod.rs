@@ -12,6 +12,7 @@
 //! bounded: fixed labels, and at most [`series::MAX_SOURCES`] pools.
 
 pub mod log;
+pub mod purge;
 pub mod series;
 
 use crate::runtime::http::{self, Health};
@@ -69,6 +70,17 @@ pub struct Args {
     /// The cache's max_size, in bytes (caches only).
     #[arg(long, value_name = "BYTES")]
     pub cache_max_size: Option<u64>,
+
+    /// The operator's public keys (one `ed25519 <base64>` line each, from the CdnCluster's
+    /// ConfigMap): with `--cache-dir`, purges signed by one of them are applied to the cache
+    /// (`POST /purge`). Read at each purge, so a new key is taken without a restart.
+    #[arg(long, value_name = "PATH", requires = "cache_dir")]
+    pub purge_keys: Option<PathBuf>,
+
+    /// The namespace of the pod's CdnCluster (POD_NAMESPACE, from the downward API): a purge
+    /// batch names the cluster it is meant for.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "")]
+    pub namespace: String,
 }
 
 /// The sidecar's niceness: below nginx's priority, so on a busy node nginx's workers get the CPU
@@ -77,6 +89,14 @@ pub struct Args {
 const NICENESS: i32 = 10;
 
 pub fn main(args: Args) -> ExitCode {
+    // Started before the priority is lowered: the thread keeps nginx's (see Purger).
+    let purger = match (&args.cache_dir, &args.purge_keys) {
+        (Some(dir), Some(_)) => match purge::Purger::start(dir.clone()) {
+            Ok(purger) => Some(purger),
+            Err(error) => return crate::fail(&format!("cannot start the purge thread: {error}")),
+        },
+        _ => None,
+    };
     if let Err(error) = rustix::process::nice(NICENESS) {
         eprintln!("cdn-operator: nginx-metrics: cannot lower its priority: {error}");
     }
@@ -102,10 +122,15 @@ pub fn main(args: Args) -> ExitCode {
         Ok(runtime) => runtime,
         Err(error) => return crate::fail(&format!("cannot start: {error}")),
     };
-    runtime.block_on(serve(args, series, log))
+    runtime.block_on(serve(args, series, log, purger))
 }
 
-async fn serve(args: Args, series: Arc<Series>, log: Log) -> ExitCode {
+async fn serve(
+    args: Args,
+    series: Arc<Series>,
+    log: Log,
+    purger: Option<purge::Purger>,
+) -> ExitCode {
     let stop = Shutdown::new();
     if let Err(error) = shutdown::on_signals(&stop) {
         return crate::fail(&format!("cannot handle signals: {error}"));
@@ -134,21 +159,30 @@ async fn serve(args: Args, series: Arc<Series>, log: Log) -> ExitCode {
     );
     let status = args.nginx_status.clone();
     let cache_dir = args.cache_dir.clone();
-    let router = http::probes(health).merge(http::exposition(move || {
-        let (series, status, cache_dir) = (series.clone(), status.clone(), cache_dir.clone());
-        async move {
-            series.observe_status(read_status(&status).await.as_ref());
-            if let Some(dir) = &cache_dir {
-                if let Ok(fs) = rustix::fs::statvfs(dir) {
-                    series.observe_filesystem(
-                        fs.f_blocks.saturating_mul(fs.f_frsize),
-                        fs.f_bavail.saturating_mul(fs.f_frsize),
-                    );
-                }
-            }
-            series.encode()
+    let purges = match (purger, &args.purge_keys) {
+        (Some(purger), Some(keys)) => {
+            let cluster = format!("{}/{}", args.namespace, args.cdncluster);
+            purge::Endpoint::new(keys.clone(), cluster, purger).router()
         }
-    }));
+        _ => axum::Router::new(),
+    };
+    let router = http::probes(health)
+        .merge(purges)
+        .merge(http::exposition(move || {
+            let (series, status, cache_dir) = (series.clone(), status.clone(), cache_dir.clone());
+            async move {
+                series.observe_status(read_status(&status).await.as_ref());
+                if let Some(dir) = &cache_dir {
+                    if let Ok(fs) = rustix::fs::statvfs(dir) {
+                        series.observe_filesystem(
+                            fs.f_blocks.saturating_mul(fs.f_frsize),
+                            fs.f_bavail.saturating_mul(fs.f_frsize),
+                        );
+                    }
+                }
+                series.encode()
+            }
+        }));
     match http::serve(listener, router, stop.cancelled_owned()).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => crate::fail(&format!("serving /metrics: {error}")),

@@ -178,7 +178,10 @@ pub async fn run(args: Args) -> Result<(), Error> {
         concurrency,
         cdncluster::Settings {
             run_as: args.pods.clone(),
-            images: args.images.clone(),
+            pods: cdncluster::build::PodSettings {
+                images: args.images.clone(),
+                purge_keys: String::new(),
+            },
             cluster_domain: args.cluster_domain(),
         },
     );

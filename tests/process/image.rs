@@ -65,7 +65,7 @@ fn the_image_resolves_its_api_server_and_collector_by_name_and_delivers_spans() 
         .args(["--mount", "--propagation", "private", "--", "sh", "-c"])
         .arg(
             r#"root=$1; shift; mount --bind /proc "$root/proc" && mount --bind /dev "$root/dev" \
-               && exec chroot --userspec=65532:65532 "$root" /cdn-operator "$@""#,
+               && exec chroot --userspec=101:101 "$root" /cdn-operator "$@""#,
         )
         .arg("sh")
         .arg(&root)

@@ -381,7 +381,7 @@ impl FakeApi {
             // The caches are filled by hand before each reconcile: no watch to wait for.
             writes_visible_within: std::time::Duration::ZERO,
             cluster_domain: cdn_operator::cdncluster::sources::DEFAULT_CLUSTER_DOMAIN.into(),
-            images: Default::default(),
+            pod_settings: Default::default(),
         })
     }
 }
