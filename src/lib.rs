@@ -8,6 +8,7 @@ pub mod cli;
 pub mod kubernetes;
 pub mod nginx_cache;
 pub mod nginx_metrics;
+pub mod purge;
 pub mod reconcile;
 pub mod run;
 

@@ -65,7 +65,7 @@ fn seed(name: &str) -> PathBuf {
 fn the_seed_examples_and_the_readme_topology_are_accepted() {
     let dir = tempfile::tempdir().unwrap();
     let crds = crd_files(dir.path());
-    assert_eq!(crds.len(), 2);
+    assert_eq!(crds.len(), 3);
     let clusters = vec![
         seed("cdncluster-balancer.yaml"),
         seed("cdncluster-cache-live.yaml"),
@@ -80,6 +80,9 @@ fn the_seed_examples_and_the_readme_topology_are_accepted() {
     let (ok, report) = validate(&crds[1], &[seed("at-example.yaml")]);
     assert!(ok, "{report}");
     assert!(report.contains("example-at: OK"), "{report}");
+    let (ok, report) = validate(&crds[2], &[root().join("examples/purge.yaml")]);
+    assert!(ok, "{report}");
+    assert_eq!(report.matches(": OK").count(), 3, "{report}");
 }
 
 #[test]

@@ -704,17 +704,19 @@ fn metrics_sidecar(cluster: &CdnCluster, image: &str) -> Container {
         security_context: Some(crate::kubernetes::restricted::container()),
         volume_mounts: Some(mounts),
         // A purge batch names the cluster (namespace/name) it is meant for.
-        env: Some(vec![EnvVar {
-            name: "POD_NAMESPACE".into(),
-            value_from: Some(EnvVarSource {
-                field_ref: Some(ObjectFieldSelector {
-                    field_path: "metadata.namespace".into(),
-                    ..ObjectFieldSelector::default()
+        env: (cluster.spec.role == Role::Cache).then(|| {
+            vec![EnvVar {
+                name: "POD_NAMESPACE".into(),
+                value_from: Some(EnvVarSource {
+                    field_ref: Some(ObjectFieldSelector {
+                        field_path: "metadata.namespace".into(),
+                        ..ObjectFieldSelector::default()
+                    }),
+                    ..EnvVarSource::default()
                 }),
-                ..EnvVarSource::default()
-            }),
-            ..EnvVar::default()
-        }]),
+                ..EnvVar::default()
+            }]
+        }),
         ..Container::default()
     }
 }

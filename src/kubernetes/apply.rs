@@ -1,7 +1,7 @@
 //! The one write path: server-side apply with a stable field manager, skipped when the observed
 //! object already holds what would be applied, so a steady state sends no write at all; the
-//! delete of an object that must be created again; and the release of a finalizer, which must
-//! never create anything.
+//! delete of an object that must be created again; the release of a finalizer, which must
+//! never create anything; and values written once, never replaced (the operator's purge key).
 
 use super::record::{hash, Record, APPLIED_HASH_ANNOTATION, FIELD_MANAGER};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
@@ -173,6 +173,47 @@ where
     {
         Ok(_) => Ok(true),
         Err(kube::Error::Api(status)) if status.code == 404 => Ok(false),
+        Err(error) => Err(error),
+    }
+}
+
+/// Writes `data` into the object `observed` unless it changed since it was read (its
+/// resourceVersion is a precondition), for a value that must be set once and never replaced: a
+/// key made by the first of several replicas. A merge patch, which never creates. Returns the
+/// object written, or `None` when another writer came first (read it again) or it is gone.
+pub async fn fill_once<K>(api: &Api<K>, observed: &K, data: Value) -> kube::Result<Option<K>>
+where
+    K: Resource + Clone + DeserializeOwned + Debug,
+{
+    let mut patch = data;
+    patch["metadata"]["resourceVersion"] = json!(observed.resource_version());
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..PatchParams::default()
+    };
+    match api
+        .patch(&observed.name_any(), &params, &Patch::Merge(&patch))
+        .await
+    {
+        Ok(written) => Ok(Some(written)),
+        Err(kube::Error::Api(status)) if status.code == 409 || status.code == 404 => Ok(None),
+        Err(error) => Err(error),
+    }
+}
+
+/// Creates `object` unless one of its name exists; `None` when one does (read it: another
+/// writer came first).
+pub async fn create_once<K>(api: &Api<K>, object: &K) -> kube::Result<Option<K>>
+where
+    K: Resource + Clone + Serialize + DeserializeOwned + Debug,
+{
+    let params = kube::api::PostParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..kube::api::PostParams::default()
+    };
+    match api.create(&params, object).await {
+        Ok(created) => Ok(Some(created)),
+        Err(kube::Error::Api(status)) if status.code == 409 => Ok(None),
         Err(error) => Err(error),
     }
 }

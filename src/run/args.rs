@@ -139,6 +139,17 @@ impl Args {
         })
     }
 
+    /// The operator's own namespace, where its purge key is kept: the pod's (POD_NAMESPACE, or
+    /// the service account's namespace file), else the one it manages (`--namespace`).
+    pub fn own_namespace(&self) -> Option<String> {
+        leader::namespace(
+            self.leader_election_namespace.as_deref(),
+            std::path::Path::new(leader::SERVICE_ACCOUNT_NAMESPACE),
+        )
+        .ok()
+        .or_else(|| self.namespace.clone().filter(|ns| !ns.is_empty()))
+    }
+
     pub fn scope(&self) -> Scope {
         match &self.namespace {
             Some(ns) if !ns.is_empty() => Scope::Namespace(ns.clone()),

@@ -9,7 +9,8 @@
 //! Cardinality: one series per namespace holding objects of the kind, times the states (6 for
 //! CdnClusters, 5 for Ats): namespaces × states, not objects.
 
-use crate::api::{At, CdnCluster, Outcome, Phase, State};
+use crate::api::{At, CdnCluster, Outcome, Phase, PurgePhase, State};
+use crate::purge::PurgeSummary;
 use crate::runtime::leader::Leadership;
 use crate::runtime::metrics::Metrics;
 use kube::runtime::reflector::Store;
@@ -60,6 +61,52 @@ pub fn register_at_gauges(metrics: &Metrics, ats: Store<At>, leadership: Leaders
                 status.phase?.as_str(),
                 status.outcome.map_or("", Outcome::as_str),
             ])
+        },
+    );
+}
+
+/// `cdn_operator_cdnpurges{namespace,phase}`: CdnPurges in the cache by namespace and
+/// `status.phase`; and `cdn_operator_cdnpurge_oldest_open_seconds{namespace}`: the age of the
+/// oldest purge not over yet (0 when none), what an alert on a purge that does not complete
+/// reads. While this replica leads.
+pub fn register_purge_gauges(
+    metrics: &Metrics,
+    purges: Store<PurgeSummary>,
+    leadership: Leadership,
+) {
+    register_count_by(
+        metrics,
+        "cdn_operator_cdnpurges",
+        "CdnPurges by namespace and status.phase (Unknown: not reconciled yet); exported by the leader only",
+        &["namespace", "phase"],
+        purges.clone(),
+        leadership.clone(),
+        PurgePhase::ALL.iter().map(|p| [p.as_str()]).collect(),
+        |p| p.phase.map(|p| [p.as_str()]),
+    );
+    metrics.register_gauge_fn(
+        "cdn_operator_cdnpurge_oldest_open_seconds",
+        "Age of the oldest CdnPurge not Complete nor Failed, by namespace (0: none); exported by the leader only",
+        &["namespace"],
+        move || {
+            if !leadership.is_leader() {
+                return Vec::new();
+            }
+            let now = jiff::Timestamp::now();
+            let mut oldest: BTreeMap<String, i64> = BTreeMap::new();
+            for purge in purges.state() {
+                let namespace = purge.metadata.namespace.clone().unwrap_or_default();
+                let age = match (&purge.open, &purge.metadata.creation_timestamp) {
+                    (Some(_), Some(created)) => now.duration_since(created.0).as_secs().max(0),
+                    _ => 0,
+                };
+                let entry = oldest.entry(namespace).or_default();
+                *entry = (*entry).max(age);
+            }
+            oldest
+                .into_iter()
+                .map(|(namespace, age)| (vec![namespace], age))
+                .collect()
         },
     );
 }

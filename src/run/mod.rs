@@ -7,7 +7,7 @@ mod gauges;
 mod glue;
 
 pub use args::Args;
-pub use gauges::{register_at_gauges, register_cdncluster_gauges};
+pub use gauges::{register_at_gauges, register_cdncluster_gauges, register_purge_gauges};
 
 use crate::kubernetes::events::Events;
 use crate::runtime::access::Access;
@@ -18,7 +18,7 @@ use crate::runtime::metrics::Metrics;
 use crate::runtime::shutdown::{self, Shutdown};
 use crate::runtime::telemetry::{self, Telemetry};
 use crate::runtime::tls::{self, Certificate};
-use crate::{at, cdncluster};
+use crate::{at, cdncluster, purge};
 use glue::Glue;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -170,6 +170,18 @@ pub async fn run(args: Args) -> Result<(), Error> {
         concurrency,
     };
 
+    // The key purges are signed with, kept in a Secret of the operator's namespace: its public
+    // half goes into every cache's ConfigMap. Without it the operator runs, and purges fail
+    // saying why.
+    let signer = match args.own_namespace() {
+        Some(namespace) => purge::signing::load(&client, &namespace).await,
+        None => Err(purge::signing::SigningError::NoNamespace),
+    }
+    .map(Arc::new)
+    .map_err(|error| {
+        tracing::error!(%error, "purges cannot be applied: {error}");
+        error.to_string()
+    });
     let (ctx, controller) = cdncluster::controller(
         client.clone(),
         &scope,
@@ -180,12 +192,32 @@ pub async fn run(args: Args) -> Result<(), Error> {
             run_as: args.pods.clone(),
             pods: cdncluster::build::PodSettings {
                 images: args.images.clone(),
-                purge_keys: String::new(),
+                purge_keys: signer
+                    .as_ref()
+                    .map(|s| s.public_keys_file())
+                    .unwrap_or_default(),
             },
             cluster_domain: args.cluster_domain(),
         },
     );
     register_cdncluster_gauges(&metrics, ctx.clusters.clone(), leadership.clone());
+    let (purge_ctx, purge_controller) = purge::controller(
+        client.clone(),
+        &scope,
+        events.clone(),
+        leadership.clone(),
+        concurrency,
+        ctx.clusters.clone(),
+        ctx.shared.ready.clone(),
+        signer,
+    );
+    register_purge_gauges(&metrics, purge_ctx.purges.clone(), leadership.clone());
+    let cdnpurges = glue.controller(
+        purge::CONTROLLER,
+        purge_controller,
+        purge::reconcile,
+        purge_ctx,
+    );
     let cdnclusters = glue.controller(
         cdncluster::CONTROLLER,
         controller,
@@ -212,7 +244,7 @@ pub async fn run(args: Args) -> Result<(), Error> {
         "starting the controllers"
     );
     let mut controllers = AbortOnDrop(tokio::spawn(async move {
-        futures::future::join_all([cdnclusters, ats, at_pods]).await;
+        futures::future::join_all([cdnclusters, cdnpurges, ats, at_pods]).await;
     }));
 
     let campaign = {
