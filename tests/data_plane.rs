@@ -13,6 +13,8 @@ use cdn_operator::api::{
 };
 use cdn_operator::cdncluster::build::{self, CONFIG_KEY, ENTRYPOINT, ENTRYPOINT_KEY};
 use cdn_operator::cdncluster::nginx::{Paths, CACHE_STATUS_HEADER, TLS_DIR, UPSTREAM_HEADER};
+use cdn_operator::nginx_cache::wire::{self, Applied, Batch};
+use cdn_operator::purge::signing::Signer;
 use cdn_operator_testkit::{request, settle, Nginx, Response, Sandbox, Signal, SIGQUIT, SIGTERM};
 use std::collections::BTreeSet;
 use std::io::{Read, Write};
@@ -85,7 +87,8 @@ fn address(net: u8, name: &str) -> String {
 
 /// The origin: files under `www` (a folder per Host under `www/sites`), 503 under /err/,
 /// `Cache-Control: no-cache` under /nocache/, the forwarded headers echoed under /echo/, files
-/// under /slow/ sent at 256 KiB/s (nginx's `limit_rate`: each request's first second at once); its
+/// under /slow/ sent at 256 KiB/s (nginx's `limit_rate`: each request's first second at once),
+/// files under /tagged/TAG/ tagged `TAG every-tagged` (Surrogate-Key) and `ct-TAG` (Cache-Tag); its
 /// access log counts requests and body bytes, its stub_status (on port 81) connections.
 fn origin_config(dir: &Path, net: u8) -> String {
     let d = dir.display();
@@ -105,6 +108,7 @@ fn origin_config(dir: &Path, net: u8) -> String {
          \x20   location /nocache/ {{ add_header Cache-Control no-cache; }}\n\
          \x20   location /echo/ {{ return 200 \"$http_x_forwarded_for|$http_x_forwarded_proto\"; }}\n\
          \x20   location /slow/ {{ limit_rate 256k; }}\n\
+         \x20   location ~ ^/tagged/(?<tag>[^/]+)/ {{ add_header Surrogate-Key \"$tag every-tagged\"; add_header Cache-Tag \"ct-$tag\"; }}\n\
          \x20 }}\n\
          \x20 server {{ listen {status}; access_log off; location / {{ stub_status; }} }}\n\
          }}\n"
@@ -133,6 +137,8 @@ struct World {
     /// before its nginx as the pod starts it.
     counted: bool,
     sidecars: Vec<(String, Sidecar)>,
+    /// The operator's purge key: its public half is the caches' sidecars' `--purge-keys`.
+    signer: Signer,
     /// Last: removed once everything that writes in it has stopped (fields drop in order).
     dir: tempfile::TempDir,
 }
@@ -176,6 +182,8 @@ impl World {
             d,
             &address(net, "origin"),
         );
+        let (signer, _) = Signer::generate();
+        std::fs::write(d.join(wire::PUBLIC_KEYS_KEY), signer.public_keys_file()).unwrap();
         let mut world = World {
             dir,
             net,
@@ -186,6 +194,7 @@ impl World {
             running: Vec::new(),
             counted,
             sidecars: Vec::new(),
+            signer,
         };
         for name in ["cache-a", "cache-b", "edge"] {
             world.run(name);
@@ -229,7 +238,8 @@ impl World {
             cache_dir: own.to_str().unwrap().into(),
         };
         if self.counted {
-            let sidecar = Sidecar::start(self.cluster(name), &own, &format!("{host}:9113"));
+            let keys = self.path().join(wire::PUBLIC_KEYS_KEY);
+            let sidecar = Sidecar::start(self.cluster(name), &own, &format!("{host}:9113"), &keys);
             self.sidecars.push((instance.into(), sidecar));
         }
         let cluster = self.cluster(name);
@@ -255,6 +265,54 @@ impl World {
             .position(|(i, _)| i == instance)
             .unwrap();
         self.running.remove(at).1.stop();
+    }
+
+    /// `purges` as a batch for the pods of `cluster`, signed with `key`, issued now.
+    fn batch(&self, cluster: &str, purges: &[wire::Purge], key: &Signer) -> (Vec<u8>, String) {
+        let issued = jiff::Timestamp::now().as_second();
+        let batch = Batch {
+            id: format!(
+                "{cluster}-{}",
+                std::process::id() as u64 * 1_000_000 + next_id()
+            ),
+            issued,
+            expires: issued + wire::VALIDITY_SECONDS,
+            cluster: format!("default/{cluster}"),
+            purges: purges.to_vec(),
+        };
+        let body = serde_json::to_vec(&batch).unwrap();
+        let signature = wire::signature_header(&key.sign(&body));
+        (body, signature)
+    }
+
+    /// Sends `body` signed `signature` to the sidecar of `instance`.
+    fn send_batch(&self, instance: &str, body: &[u8], signature: Option<&str>) -> Response {
+        let (_, sidecar) = self.sidecars.iter().find(|(i, _)| i == instance).unwrap();
+        let mut headers = vec![("Content-Type", "application/json")];
+        if let Some(signature) = signature {
+            headers.push((wire::SIGNATURE_HEADER, signature));
+        }
+        request(&sidecar.listen, "POST", wire::PURGE_PATH, &headers, body).unwrap()
+    }
+
+    /// Applies `purges`, as the operator does: one batch signed with its key to the sidecar of
+    /// each cache instance; what each applied.
+    fn purge(&self, purges: &[wire::Purge]) -> Vec<Applied> {
+        let caches: Vec<(String, String)> = self
+            .sidecars
+            .iter()
+            .filter(|(_, s)| self.cluster(&s.cluster).spec.role == Role::Cache)
+            .map(|(i, s)| (i.clone(), s.cluster.clone()))
+            .collect();
+        caches
+            .iter()
+            .map(|(instance, cluster)| {
+                let (body, signature) = self.batch(cluster, purges, &self.signer);
+                let r = self.send_batch(instance, &body, Some(&signature));
+                assert_eq!(r.status, 200, "{instance}: {}", r.body);
+                serde_json::from_str(&r.body).unwrap()
+            })
+            .collect()
     }
 
     /// What the metrics sidecar of `instance` serves (the classic text format).
@@ -1619,12 +1677,14 @@ fn a_renewed_certificate_is_served_within_seconds_without_a_restart_keeping_the_
 struct Sidecar {
     child: std::process::Child,
     listen: String,
+    /// The CdnCluster of its pod.
+    cluster: String,
 }
 
 impl Sidecar {
     /// Starts the sidecar of an instance of `cluster` whose folders are `own`, serving on
     /// `listen`; returns once it serves.
-    fn start(cluster: &CdnCluster, own: &Path, listen: &str) -> Sidecar {
+    fn start(cluster: &CdnCluster, own: &Path, listen: &str, purge_keys: &Path) -> Sidecar {
         use cdn_operator::cdncluster::nginx::{METRICS_LOG, STATUS_SOCKET};
         let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_cdn-operator"));
         command
@@ -1640,7 +1700,10 @@ impl Sidecar {
             command
                 .arg("--cache-dir")
                 .arg(own)
-                .args(["--cache-max-size", "1073741824"]);
+                .args(["--cache-max-size", "1073741824"])
+                .arg("--purge-keys")
+                .arg(purge_keys)
+                .args(["--namespace", "default"]);
         }
         let child = command
             .stdout(std::process::Stdio::null())
@@ -1650,6 +1713,7 @@ impl Sidecar {
         let sidecar = Sidecar {
             child,
             listen: listen.into(),
+            cluster: cluster.metadata.name.clone().unwrap_or_default(),
         };
         let serving = settle(
             Duration::from_secs(10),
@@ -1888,4 +1952,254 @@ fn a_container_restarted_after_nginx_was_killed_serves_again() {
     let second = start("second");
     let r = request(listen, "GET", "/healthz", &[HOST], b"").unwrap();
     assert_eq!(r.status, 200, "{}", second.log());
+}
+
+/// A number no other call of this process gets.
+fn next_id() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
+/// A purge (hard unless `f` says), with an id of its own.
+fn purge(f: impl FnOnce(&mut wire::Purge)) -> wire::Purge {
+    let mut p = wire::Purge {
+        id: format!("default/p{}/uid/cache/last", next_id()),
+        ..wire::Purge::default()
+    };
+    f(&mut p);
+    p
+}
+
+/// Objects invalidated by each purge of a batch, summed over the pods that applied it.
+fn invalidated(applied: &[Applied]) -> Vec<u64> {
+    let n = applied
+        .iter()
+        .map(|a| a.invalidated.len())
+        .max()
+        .unwrap_or(0);
+    (0..n)
+        .map(|i| applied.iter().map(|a| a.invalidated[i]).sum())
+        .collect()
+}
+
+#[test]
+fn a_hard_purge_is_a_miss_on_every_cache_at_once_and_leaves_the_rest_cached() {
+    let world = World::start_counted(20, topology(|_| {}));
+    let paths: Vec<String> = (0..10)
+        .flat_map(|i| {
+            [
+                format!("/tagged/t1/{i}.ts"),
+                format!("/tagged/t2/{i}.ts"),
+                format!("/vod/x/{i}.ts"),
+                format!("/vod/y/{i}.ts"),
+                format!("/plain/{i}.m4s"),
+            ]
+        })
+        .collect();
+    for path in &paths {
+        world.put(path, format!("{path} v1").as_bytes());
+        assert_eq!(
+            world.get(path, &[]).header(CACHE_STATUS_HEADER),
+            Some("MISS")
+        );
+        assert_eq!(
+            world.get(path, &[]).header(CACHE_STATUS_HEADER),
+            Some("HIT")
+        );
+        world.put(path, format!("{path} v2").as_bytes());
+    }
+    let before = world.served().len();
+    let by_tag = purge(|p| p.surrogate_keys = vec!["t1".into()]);
+    let applied = world.purge(&[
+        by_tag.clone(),
+        purge(|p| p.surrogate_keys = vec!["ct-t2".into()]),
+        purge(|p| p.prefixes = vec!["/vod/x/".into()]),
+        purge(|p| p.paths = vec!["/plain/3.m4s".into(), "/plain/%37.m4s".into()]),
+        purge(|p| {
+            p.regexes = vec![r"^/vod/y/[0-4]\.ts$".into()];
+            p.host = Some("cdn.example".into());
+        }),
+        purge(|p| {
+            p.all = true;
+            p.host = Some("other.example".into());
+        }),
+    ]);
+    // Each object is cached by one cache of the pool: the two together invalidated each once.
+    assert_eq!(invalidated(&applied), [10, 10, 10, 2, 5, 0]);
+    assert!(applied
+        .iter()
+        .all(|a| a.fills_unchecked == 0 && a.scanned > 0));
+    // A purge names what was fetched up to the second it began (nginx dates what it caches by the
+    // second): what is fetched in a later second is kept by a purge sent again (below).
+    let next_second = 1_000 - jiff::Timestamp::now().subsec_millisecond() as u64;
+    std::thread::sleep(Duration::from_millis(next_second + 10));
+    let purged = |path: &str| {
+        path.starts_with("/tagged/")
+            || path.starts_with("/vod/x/")
+            || path == "/plain/3.m4s"
+            || path == "/plain/7.m4s"
+            || (path.starts_with("/vod/y/") && path[7..8].parse::<u32>().unwrap() < 5)
+    };
+    for path in &paths {
+        let r = world.get(path, &[]);
+        if purged(path) {
+            // Gone at once: fetched again, the new body.
+            assert_eq!(r.header(CACHE_STATUS_HEADER), Some("MISS"), "{path}");
+            assert_eq!(r.body, format!("{path} v2"), "{path}");
+            assert_eq!(
+                world.get(path, &[]).header(CACHE_STATUS_HEADER),
+                Some("HIT")
+            );
+        } else {
+            // Not named: still a hit, still the copy cached before.
+            assert_eq!(r.header(CACHE_STATUS_HEADER), Some("HIT"), "{path}");
+            assert_eq!(r.body, format!("{path} v1"), "{path}");
+        }
+    }
+    let refetched = paths.iter().filter(|p| purged(p)).count();
+    assert_eq!(
+        world.served().len() - before,
+        refetched,
+        "one origin request per purged object"
+    );
+    // A purge sent again (the operator retries a pod that did not answer) keeps the cutoff of its
+    // first time: what was fetched since stays cached. A new purge invalidates it again.
+    let again = world.purge(&[by_tag]);
+    assert_eq!(invalidated(&again), [0]);
+    let new = world.purge(&[purge(|p| p.surrogate_keys = vec!["t1".into()])]);
+    assert_eq!(invalidated(&new), [10]);
+}
+
+#[test]
+fn a_soft_purge_revalidates_and_serves_the_old_copy_while_the_origin_fails() {
+    let mut world = World::start_counted(21, topology(|_| {}));
+    world.put("/soft/a.m3u8", b"playlist v1");
+    assert_eq!(
+        world.get("/soft/a.m3u8", &[]).header(CACHE_STATUS_HEADER),
+        Some("MISS")
+    );
+    // The origin has not changed it: a conditional request, a 304, the copy kept.
+    let applied = world.purge(&[purge(|p| {
+        p.mode = wire::Mode::Soft;
+        p.prefixes = vec!["/soft/".into()];
+    })]);
+    assert_eq!(invalidated(&applied), [1]);
+    let r = world.get("/soft/a.m3u8", &[]);
+    assert_eq!(
+        (r.header(CACHE_STATUS_HEADER), r.body.as_str()),
+        (Some("REVALIDATED"), "playlist v1")
+    );
+    assert_eq!(
+        world.served_for("/soft/a.m3u8").last().map(|s| s.status),
+        Some(304)
+    );
+    // The origin fails: the soft-purged copy is served, stale.
+    world.purge(&[purge(|p| {
+        p.mode = wire::Mode::Soft;
+        p.paths = vec!["/soft/a.m3u8".into()];
+    })]);
+    world.origin.signal(SIGQUIT);
+    world.origin.wait_exit(Duration::from_secs(10));
+    let r = world.get("/soft/a.m3u8", &[]);
+    assert_eq!(
+        (r.status, r.header(CACHE_STATUS_HEADER), r.body.as_str()),
+        (200, Some("STALE"), "playlist v1")
+    );
+    // A hard purge: gone, even while the origin fails.
+    world.purge(&[purge(|p| p.paths = vec!["/soft/a.m3u8".into()])]);
+    let r = world.get("/soft/a.m3u8", &[]);
+    assert!(
+        r.status == 502 || r.status == 504,
+        "{} {}",
+        r.status,
+        r.body
+    );
+    assert_ne!(r.body, "playlist v1");
+}
+
+#[test]
+fn a_fill_in_flight_when_a_purge_starts_is_purged_when_it_lands() {
+    let world = World::start_counted(22, topology(|_| {}));
+    // One slice of 700 KiB sent at 256 KiB/s: fetched for about 2 s.
+    world.put("/slow/late.ts", &vec![b'o'; 700 << 10]);
+    let client = {
+        let addr = address(world.net, "edge");
+        std::thread::spawn(move || request(&addr, "GET", "/slow/late.ts", &[HOST], b"").unwrap())
+    };
+    std::thread::sleep(Duration::from_millis(600));
+    world.put("/slow/late.ts", &vec![b'n'; 700 << 10]);
+    let applied = world.purge(&[purge(|p| p.paths = vec!["/slow/late.ts".into()])]);
+    let first = client.join().unwrap();
+    assert_eq!(
+        first.body.as_bytes()[0],
+        b'o',
+        "the download under way completes"
+    );
+    let awaited: u64 = applied.iter().map(|a| a.fills_awaited).sum();
+    assert_eq!(awaited, 1, "{applied:?}");
+    assert_eq!(invalidated(&applied), [1], "the fill, once landed");
+    let r = world.get("/slow/late.ts", &[]);
+    assert_eq!(r.header(CACHE_STATUS_HEADER), Some("MISS"));
+    assert_eq!(r.body.as_bytes()[0], b'n');
+}
+
+#[test]
+fn a_sidecar_applies_only_what_the_operator_signed_for_its_cluster_in_time_and_once() {
+    let world = World::start_counted(23, topology(|_| {}));
+    world.put("/k/a.ts", b"a");
+    world.get("/k/a.ts", &[]);
+    let purges = [purge(|p| p.paths = vec!["/k/a.ts".into()])];
+    let (body, signature) = world.batch("cache-a", &purges, &world.signer);
+    let status = |r: Response| (r.status, r.body.trim().to_string());
+    let (code, why) = status(world.send_batch("cache-a", &body, None));
+    assert_eq!(code, 401, "{why}");
+    let (other, _) = Signer::generate();
+    let (_, forged) = world.batch("cache-a", &purges, &other);
+    let (code, why) = status(world.send_batch("cache-a", &body, Some(&forged)));
+    assert_eq!(
+        (code, why.contains("not the operator's")),
+        (403, true),
+        "{why}"
+    );
+    let mut tampered = body.clone();
+    let at = tampered.len() - 5;
+    tampered[at] ^= 1;
+    assert_eq!(
+        world
+            .send_batch("cache-a", &tampered, Some(&signature))
+            .status,
+        403
+    );
+    let (for_b, signed_for_b) = world.batch("cache-b", &purges, &world.signer);
+    let (code, why) = status(world.send_batch("cache-a", &for_b, Some(&signed_for_b)));
+    assert_eq!(code, 403, "{why}");
+    assert!(
+        why.contains("for default/cache-b, this pod is of default/cache-a"),
+        "{why}"
+    );
+    let stale = Batch {
+        id: "old".into(),
+        issued: 1_000,
+        expires: 1_300,
+        cluster: "default/cache-a".into(),
+        purges: purges.to_vec(),
+    };
+    let stale = serde_json::to_vec(&stale).unwrap();
+    let signed = wire::signature_header(&world.signer.sign(&stale));
+    assert_eq!(
+        world.send_batch("cache-a", &stale, Some(&signed)).status,
+        403
+    );
+    let bad = [purge(|p| p.regexes = vec!["(".into()])];
+    let (bad, signed) = world.batch("cache-a", &bad, &world.signer);
+    let (code, why) = status(world.send_batch("cache-a", &bad, Some(&signed)));
+    assert_eq!(code, 400, "{why}");
+    assert!(why.contains("is invalid"), "{why}");
+    // Signed, for it, in time: applied once; the same batch again is refused.
+    assert_eq!(
+        world.send_batch("cache-a", &body, Some(&signature)).status,
+        200
+    );
+    let (code, why) = status(world.send_batch("cache-a", &body, Some(&signature)));
+    assert_eq!(code, 409, "{why}");
 }

@@ -199,6 +199,13 @@ impl Endpoint {
         }
         let batch: Batch = serde_json::from_slice(body)
             .map_err(|e| (StatusCode::BAD_REQUEST, format!("not a purge batch: {e}")))?;
+        if let Some((purge, error)) = batch
+            .purges
+            .iter()
+            .find_map(|p| Selection::new(p).err().map(|e| (&p.id, e)))
+        {
+            return refused(StatusCode::BAD_REQUEST, format!("purge {purge}: {error}"));
+        }
         if batch.cluster != self.cluster {
             return refused(
                 StatusCode::FORBIDDEN,
