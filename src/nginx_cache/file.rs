@@ -209,26 +209,33 @@ fn read_at_most(file: &File, buffer: &mut [u8], offset: u64) -> io::Result<usize
     Ok(filled)
 }
 
+/// The bytes of a cache file as nginx 1.30 writes one, holding `key` fetched at `date` (fresh
+/// until `valid_sec`), the source's `response_header` and `body`: for tests and benchmarks that
+/// need a cache without fetching it.
+pub fn format(key: &str, date: i64, valid_sec: i64, response_header: &str, body: &[u8]) -> Vec<u8> {
+    let mut bytes = vec![0u8; HEADER_SIZE];
+    bytes[VERSION_AT..VERSION_AT + 8].copy_from_slice(&NGINX_VERSION.to_le_bytes());
+    bytes[VALID_SEC_AT..VALID_SEC_AT + 8].copy_from_slice(&valid_sec.to_le_bytes());
+    bytes[DATE_AT..DATE_AT + 8].copy_from_slice(&date.to_le_bytes());
+    bytes.extend_from_slice(KEY_PREFIX);
+    bytes.extend_from_slice(key.as_bytes());
+    bytes.push(b'\n');
+    let header_start = bytes.len() as u16;
+    bytes.extend_from_slice(response_header.as_bytes());
+    let body_start = bytes.len() as u16;
+    bytes[HEADER_START_AT..HEADER_START_AT + 2].copy_from_slice(&header_start.to_le_bytes());
+    bytes[BODY_START_AT..BODY_START_AT + 2].copy_from_slice(&body_start.to_le_bytes());
+    bytes.extend_from_slice(body);
+    bytes
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
 
-    /// A cache file as nginx 1.30 writes one: the header, the key, the response header, a body.
+    /// A cache file with the body `the body`.
     pub fn cache_file(key: &str, date: i64, valid_sec: i64, response_header: &str) -> Vec<u8> {
-        let mut bytes = vec![0u8; HEADER_SIZE];
-        bytes[..8].copy_from_slice(&NGINX_VERSION.to_le_bytes());
-        bytes[8..16].copy_from_slice(&valid_sec.to_le_bytes());
-        bytes[40..48].copy_from_slice(&date.to_le_bytes());
-        bytes.extend_from_slice(KEY_PREFIX);
-        bytes.extend_from_slice(key.as_bytes());
-        bytes.push(b'\n');
-        let header_start = bytes.len() as u16;
-        bytes.extend_from_slice(response_header.as_bytes());
-        let body_start = bytes.len() as u16;
-        bytes[54..56].copy_from_slice(&header_start.to_le_bytes());
-        bytes[56..58].copy_from_slice(&body_start.to_le_bytes());
-        bytes.extend_from_slice(b"the body");
-        bytes
+        format(key, date, valid_sec, response_header, b"the body")
     }
 
     #[test]

@@ -52,6 +52,27 @@ mod gvk {
         derive = "Default"
     )]
     pub struct Spec {}
+
+    /// The same for CdnPurge.
+    pub mod purge {
+        #[derive(
+            kube::CustomResource,
+            serde::Serialize,
+            serde::Deserialize,
+            Clone,
+            Debug,
+            Default,
+            schemars::JsonSchema,
+        )]
+        #[kube(
+            group = "cluster.anevia.com",
+            version = "v1",
+            kind = "CdnPurge",
+            namespaced,
+            derive = "Default"
+        )]
+        pub struct Spec {}
+    }
 }
 
 /// One request the API received, as its HTTP front saw it.
@@ -218,6 +239,21 @@ impl FakeApi {
                 .with_resource::<CdnCluster>()
                 .with_status_subresource::<gvk::CdnCluster>()
                 // A real server returns them; the operator tells drift by them.
+                .with_return_managed_fields()
+                .with_runtime_objects(objects),
+        )
+        .await
+    }
+
+    /// The in-memory API that knows CdnClusters and CdnPurges (their status as a subresource),
+    /// holding `objects`.
+    pub async fn with_purges(objects: Vec<serde_json::Value>) -> FakeApi {
+        FakeApi::over(
+            ClientBuilder::new()
+                .with_resource::<CdnCluster>()
+                .with_resource::<cdn_operator::api::CdnPurge>()
+                .with_status_subresource::<gvk::CdnCluster>()
+                .with_status_subresource::<gvk::purge::CdnPurge>()
                 .with_return_managed_fields()
                 .with_runtime_objects(objects),
         )
