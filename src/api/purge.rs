@@ -36,7 +36,8 @@ pub const MAX_REGEXES: usize = 16;
 #[serde(rename_all = "camelCase")]
 #[schemars(extend("x-kubernetes-validations" = [
     {"rule": "self == oldSelf", "message": "a CdnPurge records one purge: its spec cannot change (create another)"},
-    {"rule": "has(self.all) && self.all ? !has(self.paths) && !has(self.prefixes) && !has(self.regexes) && !has(self.surrogateKeys) : (has(self.paths) && size(self.paths) > 0) || (has(self.prefixes) && size(self.prefixes) > 0) || (has(self.regexes) && size(self.regexes) > 0) || (has(self.surrogateKeys) && size(self.surrogateKeys) > 0)", "message": "a purge names what it invalidates: paths, prefixes, regexes or surrogateKeys (at least one entry); every object is purged only when asked alone, with all: true"}
+    {"rule": "!(has(self.all) && self.all) || (!has(self.paths) && !has(self.prefixes) && !has(self.regexes) && !has(self.surrogateKeys))", "message": "all: true purges every object and takes no paths, prefixes, regexes or surrogateKeys"},
+    {"rule": "(has(self.all) && self.all) || (has(self.paths) && size(self.paths) > 0) || (has(self.prefixes) && size(self.prefixes) > 0) || (has(self.regexes) && size(self.regexes) > 0) || (has(self.surrogateKeys) && size(self.surrogateKeys) > 0)", "message": "a purge names what it invalidates: paths, prefixes, regexes or surrogateKeys (at least one entry), or all: true for every object"}
 ]))]
 pub struct CdnPurgeSpec {
     /// The CdnCluster (of the namespace) whose objects are purged: itself if it is a cache, and
@@ -79,7 +80,7 @@ pub struct CdnPurgeSpec {
     /// One that matches `/` would purge every object and is refused: say so with `all: true`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 16))]
-    #[schemars(extend("items" = {"type": "string", "minLength": 1, "maxLength": 1024, "x-kubernetes-validations": [{"rule": "!'/'.matches(self)", "message": "this regular expression matches the path / and would purge every object: say so with all: true"}]}))]
+    #[schemars(extend("items" = {"type": "string", "minLength": 1, "maxLength": 1024, "x-kubernetes-validations": [{"rule": "!'/'.matches(self)", "message": "must be a valid RE2 regular expression that does not match the path / (one that does would purge every object: say so with all: true)"}]}))]
     pub regexes: Option<Vec<String>>,
 
     /// Surrogate keys: every object the origin tagged with one of them, in its `Surrogate-Key`

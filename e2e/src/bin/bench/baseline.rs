@@ -81,11 +81,21 @@ async fn write_as_the_operator(
     let ns = cluster.namespace().unwrap();
     // The children the operator under test makes: with its metrics sidecar when the environment
     // it inherits names the sidecar's image.
-    let images = build::PodImages {
-        nginx: std::env::var("RELATED_IMAGE_NGINX").unwrap_or_else(|_| build::DEFAULT_IMAGE.into()),
-        metrics: std::env::var("RELATED_IMAGE_NGINX_METRICS").ok(),
+    // And the public purge key in each cache's ConfigMap, one of the same size as the operator's.
+    static PURGE_KEYS: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+        cdn_operator::purge::signing::Signer::generate()
+            .0
+            .public_keys_file()
+    });
+    let pods = build::PodSettings {
+        images: build::PodImages {
+            nginx: std::env::var("RELATED_IMAGE_NGINX")
+                .unwrap_or_else(|_| build::DEFAULT_IMAGE.into()),
+            metrics: std::env::var("RELATED_IMAGE_NGINX_METRICS").ok(),
+        },
+        purge_keys: PURGE_KEYS.clone(),
     };
-    let kids = build::children(cluster, upstreams, &Default::default(), &images);
+    let kids = build::children(cluster, upstreams, &Default::default(), &pods);
     let changes: Vec<ChildChange> = [
         kids.config_map.object_ref(&()),
         kids.service.object_ref(&()),
