@@ -7,7 +7,10 @@
 //! (`<md5>.<10 digits>`, `use_temp_path=off`) and renames it when done, and it may hold a body
 //! fetched before the purge. So the walk notes those temporary files, waits until they are gone,
 //! and checks the cache files they became; it then walks again the folders whose content changed
-//! meanwhile (a rename changes its folder's mtime), for fills written at once from memory.
+//! meanwhile (a rename changes its folder's mtime), for fills written at once from memory. There
+//! it leaves the files it invalidated itself: nginx replaced them after the walk made them misses,
+//! with what it fetched after the purge began (dated by the second, they could not be told from
+//! a fill that began before it within the same second).
 
 use super::file::{self, CachedObject, Invalidation};
 use super::key;
@@ -62,6 +65,7 @@ pub fn apply(dir: &Path, matcher: &Matcher, targets: &[Target], fill_wait: Durat
         buffer: Vec::with_capacity(4096),
         folders: BTreeMap::new(),
         fills: BTreeSet::new(),
+        invalidated: BTreeSet::new(),
     };
     walk.folder(dir, 0);
     walk.await_fills(fill_wait);
@@ -79,6 +83,8 @@ struct Walk<'a> {
     /// Cache files being filled when the walk began: the temporary file and the cache file it
     /// becomes.
     fills: BTreeSet<(PathBuf, PathBuf)>,
+    /// The cache files this walk invalidated.
+    invalidated: BTreeSet<PathBuf>,
 }
 
 /// The cache file a temporary file of nginx becomes: `<32 hex>.<10 digits>` → `<32 hex>`.
@@ -154,14 +160,19 @@ impl Walk<'_> {
         if !object.is_live() {
             return;
         }
-        if let Err(error) = self.purge(&file, &object) {
-            self.error(path, &error);
+        match self.purge(&file, &object) {
+            Ok(true) => {
+                self.invalidated.insert(path.to_path_buf());
+            }
+            Ok(false) => {}
+            Err(error) => self.error(path, &error),
         }
     }
 
-    fn purge(&mut self, file: &File, object: &CachedObject) -> io::Result<()> {
+    /// Applies the purges that name `object`; whether it was invalidated.
+    fn purge(&mut self, file: &File, object: &CachedObject) -> io::Result<bool> {
         let Some(key) = key::parse(&object.key) else {
-            return Ok(());
+            return Ok(false);
         };
         let named: Vec<usize> = self
             .matcher
@@ -174,14 +185,15 @@ impl Walk<'_> {
         } else if let Some(cutoff) = named.iter().map(|&i| self.targets[i].cutoff).max() {
             Invalidation::Soft { cutoff }
         } else {
-            return Ok(());
+            return Ok(false);
         };
-        if file::invalidate(file, object, invalidation)? {
+        let invalidated = file::invalidate(file, object, invalidation)?;
+        if invalidated {
             for i in named {
                 self.outcome.invalidated[i] += 1;
             }
         }
-        Ok(())
+        Ok(invalidated)
     }
 
     /// Waits, at most `limit`, until the fills in flight at the start are done, then checks the
@@ -230,6 +242,7 @@ impl Walk<'_> {
                 .filter(|e| e.file_type().is_ok_and(|k| k.is_file()))
                 .map(|e| e.path())
                 .filter(|p| filled(p.file_name().and_then(|n| n.to_str()).unwrap_or("")).is_none())
+                .filter(|p| !self.invalidated.contains(p))
                 .collect();
             for path in files {
                 self.file(&path);
