@@ -913,7 +913,8 @@ pub const ORIGIN_POD_HEADER: &str = "X-Origin-Pod";
 pub const ORIGIN_PODS: &str = "app=origin";
 
 /// The origin's nginx.conf: every request logged on stdout as `origin-request <method> <path>
-/// <status>`; `/vod/*` the same static file; `/healthz` for the probe. Runs read-only as the
+/// <status>`; `/vod/*` the same static file; `/pv/*` a body naming the version asked for
+/// (`X-Version`), `/pt/TAG/*` tagged `Surrogate-Key: TAG`; `/healthz` for the probe. Runs read-only as the
 /// image's user: the pid file and nginx's temporary paths under the `/tmp` emptyDir.
 const ORIGIN_CONF: &str = r#"# The origin of the node tests (e2e/src/node.rs).
 pid /tmp/nginx.pid;
@@ -930,6 +931,10 @@ http {
     scgi_temp_path /tmp/scgi;
     # $request_uri: the path asked for ($uri is /body.ts once try_files found it).
     log_format origin 'origin-request $request_method $request_uri $status';
+    map $http_x_version $version {
+        "" 1;
+        default $http_x_version;
+    }
     access_log /dev/stdout origin;
     server {
         listen 8080;
@@ -943,6 +948,20 @@ http {
         }
         location /vod/ {
             try_files /body.ts =404;
+        }
+        # Versioned objects (the purge test): the body names the version the request asks for in
+        # X-Version (1 without), as an origin that published a new version.
+        location /pv/ {
+            default_type text/plain;
+            return 200 "v$version $uri
+";
+        }
+        # Tagged objects (the purge test): Surrogate-Key names the tag in the path.
+        location ~ ^/pt/(?<tag>[^/]+)/ {
+            default_type text/plain;
+            add_header Surrogate-Key $tag;
+            return 200 "tagged $uri
+";
         }
         location / {
             return 404;

@@ -1304,3 +1304,321 @@ async fn pods_that_cannot_run_are_the_ready_reason_once_with_one_warning_until_f
         Some("Running")
     );
 }
+
+/// Percentile `q` of sorted `values`.
+fn percentile(values: &[f64], q: f64) -> f64 {
+    values[((values.len() as f64 * q).ceil() as usize).clamp(1, values.len()) - 1]
+}
+
+/// Issue 49 on pods: an origin ← `shield` ← the pool `cache-1` + `cache-2` (2 pods each) ←
+/// `edge`, the operator as pods of its image (Helm). Under load (threads asking the objects no
+/// purge names, through the balancer's Service), 1,000 CdnPurges are written at once, a path
+/// each: for each, the time from its write until the balancer serves the object's new version;
+/// once all are Complete, no purged object is served stale, and the load's objects stayed hits.
+/// Then one purge of 10,000 objects by surrogate key: the time from its write until Complete.
+/// The figures are printed; the test asserts what they must show (no stale body, the hits, every
+/// purge complete), not times.
+#[tokio::test]
+async fn purges_reach_every_cache_pod_within_seconds_under_load() {
+    use cdn_operator::api::{CdnPurge, PurgePhase};
+    use cdn_operator_testkit::KeepAlive;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    const PURGED: usize = 1000;
+    const KEPT: usize = 1000;
+    const BULK: usize = 10_000;
+    const OTHER: usize = 1000;
+    let Some(mut t) = NodeTest::new("purge", Scope::Namespace).await else {
+        return;
+    };
+    let client = t.client.clone();
+    let ns = t.namespace("purge").await;
+    t.helm_install(&ns, "purge", &["--set=singleNamespace.enabled=true".into()])
+        .await;
+    operator_ready_and_leading(&client, &ns).await;
+    apply_origin(&client, &ns, &t.nginx_image).await;
+    let cache = |replicas: i32, source: serde_json::Value| json!({"role": "cache", "replicas": replicas, "cache": {"size": "256m"}, "sources": [source]});
+    apply_cluster(
+        &client,
+        &ns,
+        "shield",
+        cache(
+            1,
+            json!({"name": "store", "origin": {"service": {"name": "origin", "port": 8080}}}),
+        ),
+    )
+    .await;
+    for name in ["cache-1", "cache-2"] {
+        apply_cluster(&client, &ns, name, cache(2, json!({"name": "shield"}))).await;
+    }
+    apply_cluster(
+        &client,
+        &ns,
+        "edge",
+        json!({"role": "balancer", "replicas": 1, "sources": [{"name": "cache-1"}, {"name": "cache-2"}]}),
+    )
+    .await;
+    for name in ["shield", "cache-1", "cache-2", "edge"] {
+        cluster_running(&client, &ns, name, WAIT).await;
+    }
+    let edge = service_address(&client, &ns, "edge", SERVICE_PORT_NAME).await;
+    until("the balancer serving the origin", FOLLOW, || async {
+        let r = http_get(edge, "/pv/warm-up")
+            .await
+            .map_err(|e| e.to_string())?;
+        (r.status == 200).then_some(()).ok_or(format!("{r:?}"))
+    })
+    .await;
+    // Every pod of the pool serves before the objects are placed on the ring.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+
+    let pv = |i: usize| format!("/pv/{i:04}");
+    let bulk = |i: usize| format!("/pt/bulk/{i:05}");
+    let other = |i: usize| format!("/pt/other/{i:04}");
+    let all: Vec<String> = (0..PURGED + KEPT)
+        .map(pv)
+        .chain((0..BULK).map(bulk))
+        .chain((0..OTHER).map(other))
+        .collect();
+    let warmed = tokio::task::spawn_blocking({
+        let all = all.clone();
+        move || {
+            std::thread::scope(|s| {
+                let workers: Vec<_> = all
+                    .chunks(all.len().div_ceil(8))
+                    .map(|part| {
+                        s.spawn(move || {
+                            let mut c = KeepAlive::new(edge, "cdn.node-e2e.test");
+                            // Twice: a MISS, then a HIT that says it is cached.
+                            part.iter()
+                                .filter(|p| {
+                                    let _ = c.get(p, &[]);
+                                    c.get(p, &[])
+                                        .is_ok_and(|r| r.header(CACHE_STATUS_HEADER) == Some("HIT"))
+                                })
+                                .count()
+                        })
+                    })
+                    .collect();
+                workers
+                    .into_iter()
+                    .map(|w| w.join().unwrap())
+                    .sum::<usize>()
+            })
+        }
+    })
+    .await
+    .unwrap();
+    say(&format!(
+        "node purge: {warmed} of {} objects cached through {edge}",
+        all.len()
+    ));
+    assert!(
+        warmed >= all.len() * 99 / 100,
+        "{warmed} of {} cached",
+        all.len()
+    );
+
+    // The load: threads asking for the objects no purge names, hits counted, until told.
+    let stop = Arc::new(AtomicBool::new(false));
+    let (asked, hits) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let load: Vec<_> = (0..4)
+        .map(|t| {
+            let (stop, asked, hits) = (stop.clone(), asked.clone(), hits.clone());
+            std::thread::spawn(move || {
+                let mut c = KeepAlive::new(edge, "cdn.node-e2e.test");
+                let mut i = t;
+                while !stop.load(Ordering::Relaxed) {
+                    let path = if i % 2 == 0 {
+                        pv(PURGED + (i / 2) % KEPT)
+                    } else {
+                        other((i / 2) % OTHER)
+                    };
+                    let r = c.get(&path, &[]);
+                    asked.fetch_add(1, Ordering::Relaxed);
+                    if r.is_ok_and(|r| r.header(CACHE_STATUS_HEADER) == Some("HIT")) {
+                        hits.fetch_add(1, Ordering::Relaxed);
+                    }
+                    i += 4;
+                }
+            })
+        })
+        .collect();
+
+    // The burst: 1,000 CdnPurges written at once (16 requests in flight), each path's write time
+    // kept; pollers ask each purged object, as a newer version, until it is the new one.
+    let purges: Api<CdnPurge> = Api::namespaced(client.clone(), &ns);
+    let written: Arc<Mutex<Vec<Option<Instant>>>> = Arc::new(Mutex::new(vec![None; PURGED]));
+    let seen: Arc<Mutex<Vec<Option<Instant>>>> = Arc::new(Mutex::new(vec![None; PURGED]));
+    let pollers: Vec<_> = (0..8)
+        .map(|t| {
+            let (written, seen) = (written.clone(), seen.clone());
+            std::thread::spawn(move || {
+                let mut c = KeepAlive::new(edge, "cdn.node-e2e.test");
+                let deadline = Instant::now() + Duration::from_secs(120);
+                let mine: Vec<usize> = (t..PURGED).step_by(8).collect();
+                while Instant::now() < deadline {
+                    let mut left = 0;
+                    for &i in &mine {
+                        if seen.lock().unwrap()[i].is_some() {
+                            continue;
+                        }
+                        left += 1;
+                        if written.lock().unwrap()[i].is_none() {
+                            continue;
+                        }
+                        let new = c
+                            .get(&pv(i), &[("X-Version", "2")])
+                            .is_ok_and(|r| r.body.starts_with("v2"));
+                        if new {
+                            seen.lock().unwrap()[i] = Some(Instant::now());
+                        }
+                    }
+                    if left == 0 {
+                        break;
+                    }
+                }
+            })
+        })
+        .collect();
+    let burst = Instant::now();
+    futures::stream::iter(0..PURGED)
+        .for_each_concurrent(16, |i| {
+            let (purges, written) = (purges.clone(), written.clone());
+            async move {
+                let mut purge = CdnPurge::new(
+                    &format!("burst-{i:04}"),
+                    cdn_operator::api::CdnPurgeSpec::paths("edge", &[&pv(i)]),
+                );
+                purge.metadata.namespace = None;
+                purges
+                    .create(&PostParams::default(), &purge)
+                    .await
+                    .unwrap_or_else(|e| panic!("CdnPurge burst-{i:04}: {e}"));
+                written.lock().unwrap()[i] = Some(Instant::now());
+            }
+        })
+        .await;
+    let writes_took = burst.elapsed();
+    let complete = |prefix: &'static str, count: usize| {
+        let purges = purges.clone();
+        async move {
+            let list = purges
+                .list(&ListParams::default())
+                .await
+                .map_err(|e| e.to_string())?;
+            let done: Vec<&CdnPurge> = list
+                .items
+                .iter()
+                .filter(|p| p.metadata.name.as_deref().unwrap_or("").starts_with(prefix))
+                .filter(|p| p.status.as_ref().and_then(|s| s.phase) == Some(PurgePhase::Complete))
+                .collect();
+            (done.len() == count)
+                .then_some(())
+                .ok_or(format!("{} of {count} Complete", done.len()))
+        }
+    };
+    until(
+        "the 1,000 purges Complete",
+        Duration::from_secs(180),
+        || complete("burst-", PURGED),
+    )
+    .await;
+    let all_complete = burst.elapsed();
+    for poller in pollers {
+        tokio::task::spawn_blocking(move || poller.join().unwrap())
+            .await
+            .unwrap();
+    }
+    let (written, seen) = (
+        written.lock().unwrap().clone(),
+        seen.lock().unwrap().clone(),
+    );
+    let mut latencies: Vec<f64> = written
+        .iter()
+        .zip(&seen)
+        .filter_map(|(w, s)| Some(s.as_ref()?.duration_since(*w.as_ref()?).as_secs_f64()))
+        .collect();
+    let never = PURGED - latencies.len();
+    latencies.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    // Once Complete: no purged object served in its old version, by any pod.
+    let stale = tokio::task::spawn_blocking(move || {
+        let mut c = KeepAlive::new(edge, "cdn.node-e2e.test");
+        (0..PURGED)
+            .filter(|&i| !c.get(&pv(i), &[]).is_ok_and(|r| r.body.starts_with("v2")))
+            .count()
+    })
+    .await
+    .unwrap();
+    stop.store(true, Ordering::Relaxed);
+    for thread in load {
+        tokio::task::spawn_blocking(move || thread.join().unwrap())
+            .await
+            .unwrap();
+    }
+    let (asked, hits) = (asked.load(Ordering::Relaxed), hits.load(Ordering::Relaxed));
+    say(&format!(
+        "node purge: 1,000 purges written in {writes_took:.2?}, all Complete {all_complete:.2?} after the first; \
+         write -> new version served through the balancer: p50 {:.3} s, p99 {:.3} s, max {:.3} s ({never} never seen); \
+         stale after Complete: {stale} of {PURGED}; load on objects not purged: {hits} hits of {asked} ({:.2} %)",
+        percentile(&latencies, 0.50),
+        percentile(&latencies, 0.99),
+        latencies.last().copied().unwrap_or(f64::NAN),
+        100.0 * hits as f64 / asked.max(1) as f64,
+    ));
+    assert_eq!(never, 0, "every purged object served new");
+    assert_eq!(stale, 0, "no stale body once Complete");
+    assert!(hits * 100 >= asked * 99, "{hits} hits of {asked}");
+    let burst_purge: CdnPurge = purges.get("burst-0000").await.unwrap();
+    let status = burst_purge.status.unwrap();
+    assert_eq!(status.clusters, ["shield", "cache-1", "cache-2"]);
+    assert_eq!(status.progress.as_deref(), Some("5/5"));
+
+    // One purge of 10,000 objects by their surrogate key.
+    let mut by_key = CdnPurge::new("bulk", cdn_operator::api::CdnPurgeSpec::paths("edge", &[]));
+    by_key.spec.paths = None;
+    by_key.spec.surrogate_keys = Some(vec!["bulk".into()]);
+    let started = Instant::now();
+    purges
+        .create(&PostParams::default(), &by_key)
+        .await
+        .unwrap();
+    until(
+        "the purge by key Complete",
+        Duration::from_secs(120),
+        || complete("bulk", 1),
+    )
+    .await;
+    let took = started.elapsed();
+    let done = purges.get("bulk").await.unwrap().status.unwrap();
+    let (misses, kept) = tokio::task::spawn_blocking(move || {
+        let mut c = KeepAlive::new(edge, "cdn.node-e2e.test");
+        let status = |c: &mut KeepAlive, p: String| {
+            c.get(&p, &[])
+                .ok()
+                .and_then(|r| r.header(CACHE_STATUS_HEADER).map(str::to_string))
+        };
+        let misses = (0..BULK)
+            .step_by(BULK / 500)
+            .filter(|&i| status(&mut c, bulk(i)).as_deref() == Some("MISS"))
+            .count();
+        let kept = (0..OTHER)
+            .filter(|&i| status(&mut c, other(i)).as_deref() == Some("HIT"))
+            .count();
+        (misses, kept)
+    })
+    .await
+    .unwrap();
+    say(&format!(
+        "node purge: by surrogate key, 10,000 objects: write -> Complete {took:.2?} ({} objects invalidated on {} pods); \
+         then {misses} of 500 of them MISS, {kept} of {OTHER} of another key HIT",
+        done.objects.unwrap_or(0),
+        done.progress.as_deref().unwrap_or("?"),
+    ));
+    assert_eq!(
+        done.objects,
+        Some(BULK as i64 * 2),
+        "each object on a cache of the pool and on the shield"
+    );
+    assert_eq!(misses, 500);
+    assert!(kept * 100 >= OTHER * 99, "{kept} of {OTHER}");
+}

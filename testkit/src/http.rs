@@ -287,3 +287,91 @@ mod tests {
         );
     }
 }
+
+/// An HTTP/1.1 client keeping its connection open between requests, as a player does: many
+/// requests a second to one address without a connection each. Bodies are read by their
+/// Content-Length (what nginx sends for cached and static objects).
+pub struct KeepAlive {
+    addr: SocketAddr,
+    host: String,
+    conn: Option<std::io::BufReader<TcpStream>>,
+}
+
+impl KeepAlive {
+    pub fn new(addr: SocketAddr, host: &str) -> KeepAlive {
+        KeepAlive {
+            addr,
+            host: host.into(),
+            conn: None,
+        }
+    }
+
+    /// GET `path` with `headers`; once more on a new connection when the kept one was closed
+    /// before answering.
+    pub fn get(&mut self, path: &str, headers: &[(&str, &str)]) -> std::io::Result<Response> {
+        let mut head = format!("GET {path} HTTP/1.1\r\nHost: {}\r\n", self.host);
+        for (name, value) in headers {
+            head.push_str(&format!("{name}: {value}\r\n"));
+        }
+        head.push_str("\r\n");
+        let kept = self.conn.is_some();
+        match self.exchange(&head) {
+            Err(_) if kept => {
+                self.conn = None;
+                self.exchange(&head)
+            }
+            other => other,
+        }
+    }
+
+    fn exchange(&mut self, head: &str) -> std::io::Result<Response> {
+        use std::io::BufRead;
+        let conn = match &mut self.conn {
+            Some(conn) => conn,
+            None => {
+                let stream = TcpStream::connect_timeout(&self.addr, Duration::from_secs(3))?;
+                stream.set_read_timeout(Some(REQUEST_TIMEOUT))?;
+                stream.set_nodelay(true)?;
+                self.conn.insert(std::io::BufReader::new(stream))
+            }
+        };
+        let failed = |conn: &mut Option<_>, e| {
+            *conn = None;
+            Err(e)
+        };
+        if let Err(e) = conn.get_mut().write_all(head.as_bytes()) {
+            return failed(&mut self.conn, e);
+        }
+        let mut raw = Vec::new();
+        let mut length = 0usize;
+        let mut close = false;
+        loop {
+            let before = raw.len();
+            match conn.read_until(b'\n', &mut raw) {
+                Ok(0) => {
+                    let e = std::io::Error::other("closed before the response's end");
+                    return failed(&mut self.conn, e);
+                }
+                Ok(_) => {}
+                Err(e) => return failed(&mut self.conn, e),
+            }
+            let line = String::from_utf8_lossy(&raw[before..]).to_ascii_lowercase();
+            if let Some(value) = line.strip_prefix("content-length:") {
+                length = value.trim().parse().unwrap_or(0);
+            } else if line.starts_with("connection:") && line.contains("close") {
+                close = true;
+            } else if line == "\r\n" {
+                break;
+            }
+        }
+        let start = raw.len();
+        raw.resize(start + length, 0);
+        if let Err(e) = conn.read_exact(&mut raw[start..]) {
+            return failed(&mut self.conn, e);
+        }
+        if close {
+            self.conn = None;
+        }
+        Response::parse(&raw)
+    }
+}

@@ -15,7 +15,8 @@ pub mod wait;
 
 pub use dns::{Dns, Records};
 pub use http::{
-    free_port, http_get, http_get_accepting, https_get, request, tls_certificate, Reply, Response,
+    free_port, http_get, http_get_accepting, https_get, request, tls_certificate, KeepAlive, Reply,
+    Response,
 };
 pub use metrics::{has_line, metric_sum, promtool_check_metrics, sample};
 pub use nginx::{Nginx, Sandbox};
