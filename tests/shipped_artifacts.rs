@@ -60,7 +60,7 @@ fn crd_files() -> Vec<(String, String)> {
 #[test]
 fn every_crd_copy_is_the_generated_crd() {
     let expected = crd_files();
-    assert_eq!(expected.len(), 2, "CdnCluster and At");
+    assert_eq!(expected.len(), 3, "CdnCluster, CdnPurge and At");
     // The split files put together are exactly what `cdn-operator crd` prints.
     let joined: Vec<&str> = expected.iter().map(|(_, text)| text.as_str()).collect();
     assert_eq!(joined.join("---\n"), crds_yaml());
