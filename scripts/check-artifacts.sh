@@ -301,11 +301,11 @@ olm="$shared/olm-schemas"
 "$py" scripts/artifact_checks.py alm-examples bundle/manifests/cdn-operator.clusterserviceversion.yaml "$work/alm-examples.yaml"
 # The catalog's bundle properties (olm.csv.metadata, olm.gvk, olm.package) are what opm renders.
 "$py" scripts/artifact_checks.py catalog-properties
-# The bundle's other objects (metrics Service, PodDisruptionBudget) as OLM applies them.
-kubernetes-validate --strict --quiet bundle/manifests/cdn-operator-metrics.service.yaml \
-  bundle/manifests/cdn-operator.poddisruptionbudget.yaml
-kubernetes-validate --strict --quiet --no-warn -k 1.29.0 bundle/manifests/cdn-operator-metrics.service.yaml \
-  bundle/manifests/cdn-operator.poddisruptionbudget.yaml
+# The bundle's other objects (metrics Service, PodDisruptionBudget, purge key Secret) as OLM applies them.
+bundled=(bundle/manifests/cdn-operator-metrics.service.yaml bundle/manifests/cdn-operator.poddisruptionbudget.yaml
+  bundle/manifests/cdn-operator-purge-signing.secret.yaml)
+kubernetes-validate --strict --quiet "${bundled[@]}"
+kubernetes-validate --strict --quiet --no-warn -k 1.29.0 "${bundled[@]}"
 # A release as the release workflow makes it (docs/upgrading.md): scripts/bundle_release.py on a
 # copy of bundle/ and olm/, for a 0.2.0 with fake digests; then every check of a release.
 rel="$work/release"

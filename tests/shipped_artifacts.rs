@@ -129,6 +129,10 @@ fn copies_for_helm_and_olm_are_byte_copies_of_the_kustomize_sources() {
             "kustomize/base/pod_disruption_budget.yaml",
             "bundle/manifests/cdn-operator.poddisruptionbudget.yaml",
         ),
+        (
+            "kustomize/base/purge_signing_secret.yaml",
+            "bundle/manifests/cdn-operator-purge-signing.secret.yaml",
+        ),
         // Monitoring of OLM installs, applied by hand (olm/monitoring).
         (
             "kustomize/components/prometheus/prometheus_rule.yaml",
@@ -237,6 +241,11 @@ fn expected_cluster_grants() -> BTreeSet<Grant> {
     }
     // src/at/mod.rs reads the At fresh before writing its status.
     g.insert(grant("cnat.programming-kubernetes.info", "ats", "", "get"));
+    // src/purge/mod.rs: CdnPurges watched (no get), their status applied; no finalizers (a
+    // purge owns no object).
+    g.insert(grant("cluster.anevia.com", "cdnpurges", "", "list"));
+    g.insert(grant("cluster.anevia.com", "cdnpurges", "", "watch"));
+    g.insert(grant("cluster.anevia.com", "cdnpurges/status", "", "patch"));
     g.insert(grant("events.k8s.io", "events", "", "create"));
     g.insert(grant("events.k8s.io", "events", "", "patch"));
     g
@@ -271,6 +280,18 @@ fn expected_lease_grants() -> BTreeSet<Grant> {
     .into()
 }
 
+/// src/purge/signing.rs: the purge key's Secret, read and filled once; only that one, by name, and
+/// never create (create + get would let a stolen token mint a ServiceAccount token Secret and
+/// read it back).
+fn expected_purge_signing_grants() -> BTreeSet<Grant> {
+    let name = cdn_operator::purge::signing::SECRET_NAME;
+    [
+        grant("", "secrets", name, "get"),
+        grant("", "secrets", name, "patch"),
+    ]
+    .into()
+}
+
 #[test]
 fn rbac_is_exactly_what_the_operator_uses() {
     let cluster_role = yaml("kustomize/base/cluster_role.yaml");
@@ -281,6 +302,52 @@ fn rbac_is_exactly_what_the_operator_uses() {
     // A Role: Leases only in the operator's own namespace.
     assert_eq!(lease_role["kind"], "Role");
     assert_eq!(grants(&lease_role["rules"]), expected_lease_grants());
+
+    // A Role: the purge key's Secret only in the operator's own namespace, bound to its account.
+    let signing_role = yaml("kustomize/base/purge_signing_role.yaml");
+    assert_eq!(signing_role["kind"], "Role");
+    assert_eq!(
+        grants(&signing_role["rules"]),
+        expected_purge_signing_grants()
+    );
+    let signing_binding = yaml("kustomize/base/purge_signing_role_binding.yaml");
+    assert_eq!(
+        signing_binding["roleRef"],
+        json!({"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": signing_role["metadata"]["name"]})
+    );
+    assert_eq!(
+        signing_binding["subjects"],
+        json!([{"kind": "ServiceAccount", "name": "cdn-operator"}])
+    );
+    // The Secret the operator may not create is shipped, empty: the operator fills it, and no
+    // re-apply of the install carries a `data` that would replace the key.
+    let secret = yaml("kustomize/base/purge_signing_secret.yaml");
+    assert_eq!(secret["kind"], "Secret");
+    assert_eq!(
+        secret["metadata"]["name"],
+        cdn_operator::purge::signing::SECRET_NAME
+    );
+    assert_eq!(secret["type"], "Opaque");
+    for field in ["data", "stringData", "immutable"] {
+        assert!(
+            secret.get(field).is_none(),
+            "the shipped Secret has {field}"
+        );
+    }
+    let kustomization = yaml("kustomize/base/kustomization.yaml");
+    for file in [
+        "purge_signing_role.yaml",
+        "purge_signing_role_binding.yaml",
+        "purge_signing_secret.yaml",
+    ] {
+        assert!(
+            kustomization["resources"]
+                .as_array()
+                .unwrap()
+                .contains(&json!(file)),
+            "kustomize/base does not install {file}"
+        );
+    }
 
     let metrics_auth = yaml("kustomize/base/metrics_auth_role.yaml");
     assert_eq!(metrics_auth["kind"], "ClusterRole");
@@ -312,6 +379,9 @@ fn rbac_is_exactly_what_the_operator_uses() {
     {
         assert!(!g.0.contains('*') && !g.1.contains('*') && !g.3.contains('*'));
         assert_ne!(g.1, "secrets");
+    }
+    for g in expected_purge_signing_grants() {
+        assert!(!g.2.is_empty() && g.3 != "create" && g.3 != "list" && g.3 != "watch");
     }
     // The Deployment's --leader-election-id is the Lease the Role allows.
     let deployment = yaml("kustomize/base/deployment.yaml");
@@ -409,12 +479,13 @@ fn csv_permissions_equal_the_rbac() {
     let permissions = strategy["permissions"].as_array().expect("permissions");
     assert_eq!(permissions.len(), 1);
     assert_eq!(permissions[0]["serviceAccountName"], "cdn-operator");
-    let shipped = grants(&yaml("kustomize/base/cluster_role.yaml")["rules"])
-        .union(&grants(
-            &yaml("kustomize/base/leader_election_role.yaml")["rules"],
-        ))
-        .cloned()
-        .collect::<BTreeSet<_>>();
+    let mut shipped = grants(&yaml("kustomize/base/cluster_role.yaml")["rules"]);
+    for role in [
+        "kustomize/base/leader_election_role.yaml",
+        "kustomize/base/purge_signing_role.yaml",
+    ] {
+        shipped.extend(grants(&yaml(role)["rules"]));
+    }
     assert_eq!(grants(&permissions[0]["rules"]), shipped);
 }
 
@@ -839,6 +910,8 @@ fn bundle_holds_what_olm_installs() {
         "CustomResourceDefinition",
         "Service",
         "PodDisruptionBudget",
+        // The purge key's, which the operator may not create (kustomize/base/purge_signing_role.yaml).
+        "Secret",
     ] {
         assert!(kinds.contains(kind), "the bundle has no {kind}");
     }
