@@ -270,6 +270,12 @@ helm template cdn-operator "$chart" --set uninstall.releaseFinalizers=false >"$w
 "$py" scripts/artifact_checks.py same-rbac "$work/kustomize-kustomize-base.yaml" "$work/helm-default.yaml"
 "$py" scripts/artifact_checks.py same-rbac "$work/kustomize-kustomize-overlays-single-namespace.yaml" "$work/helm-single-namespace.yaml"
 "$py" scripts/artifact_checks.py no-cluster-rbac "$work/helm-single-namespace.yaml"
+# The users' roles: CdnClusters edited by admin and edit, CdnPurges created by admin only.
+for f in kustomize-kustomize-base kustomize-kustomize-overlays-single-namespace helm-default helm-single-namespace; do
+  "$py" scripts/artifact_checks.py user-roles "$work/$f.yaml"
+done
+helm template cdn-operator "$chart" --set userRoles.enabled=false >"$work/helm-no-user-roles.yaml"
+"$py" scripts/artifact_checks.py user-roles "$work/helm-no-user-roles.yaml" none
 "$py" scripts/artifact_checks.py same-crds "$work/helm-default.yaml" bundle/manifests/*_*.yaml
 # Monitoring on with default labels: kustomize overlay, Helm, the Argo CD Application's values.
 "$py" scripts/artifact_checks.py kube-prometheus-stack "$work/kustomize-kustomize-overlays-monitoring.yaml"

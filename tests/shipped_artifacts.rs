@@ -394,6 +394,98 @@ fn rbac_is_exactly_what_the_operator_uses() {
         .contains(&json!("--leader-election-id=cdn-operator-leader")));
 }
 
+/// The built-in roles (admin, edit, view) a ClusterRole is aggregated into.
+fn aggregated_into(role: &Value) -> BTreeSet<String> {
+    role["metadata"]["labels"]
+        .as_object()
+        .map(|labels| {
+            labels
+                .iter()
+                .filter(|(_, v)| *v == "true")
+                .filter_map(|(k, _)| k.strip_prefix("rbac.authorization.k8s.io/aggregate-to-"))
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn users_roles_keep_purging_apart_from_editing() {
+    let g = "cluster.anevia.com";
+    let verbs = |resource: &str, verbs: &[&str]| -> BTreeSet<Grant> {
+        verbs.iter().map(|v| grant(g, resource, "", v)).collect()
+    };
+    let mut cluster_editor = verbs(
+        "cdnclusters",
+        &[
+            "create", "get", "list", "watch", "update", "patch", "delete",
+        ],
+    );
+    cluster_editor.extend(verbs("cdnclusters/status", &["get"]));
+    cluster_editor.extend(verbs("cdnclusters/scale", &["get", "update", "patch"]));
+    let mut purge_editor = verbs("cdnpurges", &["create", "get", "list", "watch", "delete"]);
+    purge_editor.extend(verbs("cdnpurges/status", &["get"]));
+    let readers = ["admin", "edit", "view"];
+    for (file, name, want, into) in [
+        (
+            "cdncluster_editor_role.yaml",
+            "cdn-operator-cdncluster-editor",
+            cluster_editor,
+            &readers[..2],
+        ),
+        (
+            "cdncluster_viewer_role.yaml",
+            "cdn-operator-cdncluster-viewer",
+            verbs("cdnclusters", &["get", "list", "watch"]),
+            &readers[..],
+        ),
+        // Who may purge is not who may edit a CdnCluster: admin only, never edit.
+        (
+            "cdnpurge_editor_role.yaml",
+            "cdn-operator-cdnpurge-editor",
+            purge_editor,
+            &readers[..1],
+        ),
+        (
+            "cdnpurge_viewer_role.yaml",
+            "cdn-operator-cdnpurge-viewer",
+            verbs("cdnpurges", &["get", "list", "watch"]),
+            &readers[..],
+        ),
+    ] {
+        let path = format!("kustomize/base/{file}");
+        let role = yaml(&path);
+        assert_eq!(role["kind"], "ClusterRole", "{path}");
+        assert_eq!(role["metadata"]["name"], name, "{path}");
+        assert_eq!(grants(&role["rules"]), want, "{path}");
+        let into: BTreeSet<String> = into.iter().map(|r| r.to_string()).collect();
+        assert_eq!(aggregated_into(&role), into, "{path}: aggregated into");
+        assert!(
+            yaml("kustomize/base/kustomization.yaml")["resources"]
+                .as_array()
+                .unwrap()
+                .contains(&json!(file)),
+            "kustomize/base does not install {file}"
+        );
+    }
+    // Nothing the install binds refers to them: they grant the operator nothing.
+    for entry in fs::read_dir(root().join("kustomize/base")).expect("kustomize/base") {
+        let name = entry
+            .expect("entry")
+            .file_name()
+            .to_string_lossy()
+            .into_owned();
+        if name.ends_with("binding.yaml") {
+            let binding = yaml(&format!("kustomize/base/{name}"));
+            let role = str_at(&binding, "/roleRef/name");
+            assert!(
+                !role.contains("-editor") && !role.contains("-viewer"),
+                "{name}"
+            );
+        }
+    }
+}
+
 /// The container port named `name` in a Deployment spec.
 fn container_port(deployment_spec: &Value, name: &str) -> u64 {
     deployment_spec
