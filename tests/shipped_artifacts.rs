@@ -547,6 +547,23 @@ fn metrics_are_scraped_over_https_on_the_port_the_operator_serves() {
         policy["spec"]["podSelector"]["matchLabels"],
         deployment["spec"]["selector"]["matchLabels"]
     );
+    // It lets the operator out to the nginx pods' sidecars, which purges are sent to: their port,
+    // on the labels every nginx pod carries, in every namespace.
+    let nginx_pods = json!({
+        build::MANAGED_BY_LABEL: build::MANAGED_BY,
+        "app.kubernetes.io/name": "cdncluster",
+    });
+    let to_sidecars = policy["spec"]["egress"]
+        .as_array()
+        .expect("egress")
+        .iter()
+        .find(|rule| rule["to"][0]["podSelector"]["matchLabels"] == nginx_pods)
+        .expect("an egress rule to the nginx pods");
+    assert_eq!(to_sidecars["to"][0]["namespaceSelector"], json!({}));
+    assert_eq!(
+        to_sidecars["ports"],
+        json!([{"port": cdn_operator::nginx_metrics::PORT, "protocol": "TCP"}])
+    );
 }
 
 fn csv() -> Value {
