@@ -1499,6 +1499,8 @@ fn dashboard_and_alerts_only_use_exported_metrics() {
         "leader_election_master_status",
         "cdn_operator_cdnclusters",
         "cdn_operator_ats",
+        "cdn_operator_cdnpurges",
+        "cdn_operator_cdnpurge_oldest_open_seconds",
         "process_cpu_seconds_total",
         "process_resident_memory_bytes",
     ] {
