@@ -7,6 +7,8 @@
   same-rbac KUSTOMIZE.yaml HELM.yaml           the rendered Helm chart grants exactly the kustomize RBAC
   no-cluster-rbac RENDERED.yaml                single-namespace output has no cluster RBAC but the metrics'
                                                (and the users' aggregated roles, bound to nothing)
+  purge-key NS RENDERED.yaml                   the purge key's Secret ships empty in NS under the name the operator
+                                               reads, with a Role of NS on it alone (get, patch) bound to the operator
   user-roles RENDERED.yaml [none]              the users' ClusterRoles on CdnClusters and CdnPurges, with their
                                                rules and aggregation (purging: admin, not edit); none: absent
   crd-for-objects CRD.yaml OUT                 the CRD with the root fields every object has
@@ -155,6 +157,35 @@ def no_cluster_rbac(path):
              if o["kind"] in ("RoleBinding", "ClusterRoleBinding") and o["roleRef"]["name"] in user_roles]
     if bound:
         sys.exit(f"{path}: the users' roles are bound: {bound}")
+
+
+# The operator reads its purge key from this Secret of its own namespace (src/purge/signing.rs).
+PURGE_KEY_SECRET = "cdn-operator-purge-signing"
+
+
+def purge_key(ns, path):
+    objs = docs(path)
+    secrets = [o for o in objs if o["kind"] == "Secret" and "purge-signing" in o["metadata"]["name"]]
+    if [(o["metadata"]["name"], o["metadata"].get("namespace")) for o in secrets] != [(PURGE_KEY_SECRET, ns)]:
+        sys.exit(f"{path}: the purge key's Secret is {[(o['metadata']['name'], o['metadata'].get('namespace')) for o in secrets]}, "
+                 f"want {PURGE_KEY_SECRET} in {ns} (the operator reads that name)")
+    (secret,) = secrets
+    if secret.get("type") != "Opaque" or any(k in secret for k in ("data", "stringData", "immutable")):
+        sys.exit(f"{path}: the purge key's Secret is not shipped empty: {secret}")
+    account = next(o for o in objs if o["kind"] == "Deployment")["spec"]["template"]["spec"]["serviceAccountName"]
+    want = {("Role", "", "secrets", PURGE_KEY_SECRET, v) for v in ("get", "patch")}
+    roles = [o for o in objs if o["kind"] == "Role" and o["metadata"].get("namespace") == ns
+             and grants([o], {"Role"}) == want]
+    bound = [b for b in objs if b["kind"] == "RoleBinding" and b["metadata"].get("namespace") == ns
+             and b["roleRef"]["name"] in {r["metadata"]["name"] for r in roles}
+             and {"kind": "ServiceAccount", "name": account, "namespace": ns} in b["subjects"]]
+    if len(roles) != 1 or len(bound) != 1:
+        sys.exit(f"{path}: {len(roles)} Role(s) of {ns} granting exactly get and patch on {PURGE_KEY_SECRET}, "
+                 f"{len(bound)} binding it to {account}: want one each")
+    secret_grants = {g for g in grants(objs, {"Role", "ClusterRole"}) if g[2] == "secrets"}
+    if secret_grants != want:
+        sys.exit(f"{path}: rights on Secrets beyond the purge key's: {sorted(secret_grants - want)}")
+    print(f"{path}: {PURGE_KEY_SECRET} ships empty in {ns}; the operator may get and patch it, no other Secret")
 
 
 # The users' roles (kustomize/base/cdn*_role.yaml, helm templates/user-roles.yaml), by name suffix:
@@ -821,6 +852,7 @@ def main():
     cmd, args = sys.argv[1], sys.argv[2:]
     {"rules-file": rules_file, "dashboard-rules": dashboard_rules, "alm-examples": alm_examples,
      "same-rbac": same_rbac, "no-cluster-rbac": no_cluster_rbac, "user-roles": user_roles,
+     "purge-key": purge_key,
      "crd-for-objects": crd_for_objects, "all-in-namespace": all_in_namespace,
      "same-crds": same_crds, "pod-ids": pod_ids, "no-kind": no_kind,
      "catalog-properties": catalog_properties, "released": released,

@@ -104,6 +104,25 @@ kubectl kustomize "$work/overlay-team-a" >"$work/team-a.yaml"
 "$py" scripts/artifact_checks.py all-in-namespace team-a "$work/team-a.yaml"
 "$py" scripts/artifact_checks.py no-kind Namespace "$work/team-a.yaml"
 "$py" scripts/artifact_checks.py all-in-namespace cdn-operator "$work/kustomize-kustomize-base.yaml"
+# The purge key's Secret, empty, under the name the operator reads, in its namespace, with the one
+# Role on it; an overlay's namePrefix renames it, and the kustomization docs/install.md puts on top
+# names it back.
+for f in kustomize-kustomize-base kustomize-kustomize-overlays-single-namespace kustomize-kustomize-overlays-monitoring \
+  kustomize-argocd-overlay; do
+  "$py" scripts/artifact_checks.py purge-key cdn-operator "$work/$f.yaml"
+done
+"$py" scripts/artifact_checks.py purge-key team-a "$work/team-a.yaml"
+mkdir -p "$work/prefixed" "$work/renamed"
+printf 'apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nnamePrefix: team-a-\nresources:\n  - %s\n' \
+  "$(realpath --relative-to="$work/prefixed" kustomize/base)" >"$work/prefixed/kustomization.yaml"
+sed -n '/the Role follows/,/^```$/p' docs/install.md | sed '1,/^```yaml$/d;$d' >"$work/renamed/kustomization.yaml"
+grep -q '^  - ../prefixed ' "$work/renamed/kustomization.yaml" || { echo "docs/install.md: no namePrefix snippet"; exit 1; }
+kubectl kustomize "$work/prefixed" >"$work/prefixed.yaml"
+if "$py" scripts/artifact_checks.py purge-key cdn-operator "$work/prefixed.yaml" >/dev/null 2>&1; then
+  echo "a namePrefix kept the purge key's name: docs/install.md's snippet is not needed"; exit 1
+fi
+kubectl kustomize "$work/renamed" >"$work/renamed.yaml"
+"$py" scripts/artifact_checks.py purge-key cdn-operator "$work/renamed.yaml"
 # The optional NetworkPolicy component, on the base as a user's overlay adds it.
 mkdir -p "$work/overlay-netpol"
 cat >"$work/overlay-netpol/kustomization.yaml" <<EOF_K
@@ -270,6 +289,10 @@ helm template cdn-operator "$chart" --set uninstall.releaseFinalizers=false >"$w
 "$py" scripts/artifact_checks.py same-rbac "$work/kustomize-kustomize-base.yaml" "$work/helm-default.yaml"
 "$py" scripts/artifact_checks.py same-rbac "$work/kustomize-kustomize-overlays-single-namespace.yaml" "$work/helm-single-namespace.yaml"
 "$py" scripts/artifact_checks.py no-cluster-rbac "$work/helm-single-namespace.yaml"
+"$py" scripts/artifact_checks.py purge-key cdn-operator "$work/helm-default.yaml"
+"$py" scripts/artifact_checks.py purge-key cdn-operator "$work/helm-single-namespace.yaml"
+# all-features moves the objects to namespaceOverride (cdn-system).
+"$py" scripts/artifact_checks.py purge-key cdn-system "$work/helm-all-features.yaml"
 # The users' roles: CdnClusters edited by admin and edit, CdnPurges created by admin only.
 for f in kustomize-kustomize-base kustomize-kustomize-overlays-single-namespace helm-default helm-single-namespace; do
   "$py" scripts/artifact_checks.py user-roles "$work/$f.yaml"
