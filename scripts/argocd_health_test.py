@@ -27,7 +27,7 @@ def checks():
 
 def render_cm():
     lines = [
-        "# Argo CD's health checks for CdnCluster and At, generated from argocd/health/*/*/health.lua",
+        "# Argo CD's health checks for CdnCluster, CdnPurge and At, generated from argocd/health/*/*/health.lua",
         "# by scripts/argocd_health_test.py --write. Merge into the argocd-cm ConfigMap, e.g.",
         "#   kubectl -n argocd patch configmap argocd-cm --type merge --patch-file argocd/argocd-cm.yaml",
         "data:",
@@ -48,8 +48,8 @@ def main():
         CM.write_text(render_cm())
     failures = 0
     found = checks()
-    if len(found) < 2:
-        print(f"expected health checks for CdnCluster and At under {HEALTH}, found {found}")
+    if len(found) < 3:
+        print(f"expected health checks for CdnCluster, CdnPurge and At under {HEALTH}, found {found}")
         return 1
     for d in found:
         tests = yaml.safe_load((d / "health_test.yaml").read_text())["tests"]

@@ -6,6 +6,11 @@
   alm-examples CSV.yaml OUT                    the CSV's alm-examples as a YAML stream
   same-rbac KUSTOMIZE.yaml HELM.yaml           the rendered Helm chart grants exactly the kustomize RBAC
   no-cluster-rbac RENDERED.yaml                single-namespace output has no cluster RBAC but the metrics'
+                                               (and the users' aggregated roles, bound to nothing)
+  purge-key NS RENDERED.yaml                   the purge key's Secret ships empty in NS under the name the operator
+                                               reads, with a Role of NS on it alone (get, patch) bound to the operator
+  user-roles RENDERED.yaml [none]              the users' ClusterRoles on CdnClusters and CdnPurges, with their
+                                               rules and aggregation (purging: admin, not edit); none: absent
   crd-for-objects CRD.yaml OUT                 the CRD with the root fields every object has
   all-in-namespace NS RENDERED.yaml            every namespaced object and RBAC subject is in NS
   same-crds RENDERED.yaml CRD.yaml...          the rendered CRDs are these (labels, annotations aside)
@@ -123,9 +128,22 @@ METRICS_CLUSTER_GRANTS = {
 }
 
 
+AGGREGATE = "rbac.authorization.k8s.io/aggregate-to-"
+
+
+def aggregated(o):
+    """The built-in roles (admin, edit, view) a ClusterRole is aggregated into."""
+    return {k[len(AGGREGATE):] for k, v in (o["metadata"].get("labels") or {}).items()
+            if k.startswith(AGGREGATE) and v == "true"}
+
+
 def no_cluster_rbac(path):
     objs = docs(path)
-    extra = grants(objs, {"ClusterRole"}) - METRICS_CLUSTER_GRANTS
+    # The users' roles extend admin/edit/view wherever those are bound; bound to nothing here, they
+    # grant the operator nothing (checked below).
+    user_roles = {o["metadata"]["name"] for o in objs if o["kind"] == "ClusterRole" and aggregated(o)}
+    extra = grants([o for o in objs if o["metadata"]["name"] not in user_roles],
+                   {"ClusterRole"}) - METRICS_CLUSTER_GRANTS
     if extra:
         sys.exit(f"{path}: single-namespace mode still has cluster RBAC beyond the metrics: {sorted(extra)}")
     roles = {o["metadata"]["name"] for o in objs if o["kind"] == "ClusterRole"}
@@ -135,6 +153,81 @@ def no_cluster_rbac(path):
         sys.exit(f"{path}: single-namespace mode binds cluster roles it does not ship: {bad}")
     if not any(o["kind"] == "Role" and o["metadata"]["name"].endswith("cdn-operator") for o in docs(path)):
         sys.exit(f"{path}: no Role for the operator")
+    bound = [o["metadata"]["name"] for o in objs
+             if o["kind"] in ("RoleBinding", "ClusterRoleBinding") and o["roleRef"]["name"] in user_roles]
+    if bound:
+        sys.exit(f"{path}: the users' roles are bound: {bound}")
+
+
+# The operator reads its purge key from this Secret of its own namespace (src/purge/signing.rs).
+PURGE_KEY_SECRET = "cdn-operator-purge-signing"
+
+
+def purge_key(ns, path):
+    objs = docs(path)
+    secrets = [o for o in objs if o["kind"] == "Secret" and "purge-signing" in o["metadata"]["name"]]
+    if [(o["metadata"]["name"], o["metadata"].get("namespace")) for o in secrets] != [(PURGE_KEY_SECRET, ns)]:
+        sys.exit(f"{path}: the purge key's Secret is {[(o['metadata']['name'], o['metadata'].get('namespace')) for o in secrets]}, "
+                 f"want {PURGE_KEY_SECRET} in {ns} (the operator reads that name)")
+    (secret,) = secrets
+    if secret.get("type") != "Opaque" or any(k in secret for k in ("data", "stringData", "immutable")):
+        sys.exit(f"{path}: the purge key's Secret is not shipped empty: {secret}")
+    account = next(o for o in objs if o["kind"] == "Deployment")["spec"]["template"]["spec"]["serviceAccountName"]
+    want = {("Role", "", "secrets", PURGE_KEY_SECRET, v) for v in ("get", "patch")}
+    roles = [o for o in objs if o["kind"] == "Role" and o["metadata"].get("namespace") == ns
+             and grants([o], {"Role"}) == want]
+    bound = [b for b in objs if b["kind"] == "RoleBinding" and b["metadata"].get("namespace") == ns
+             and b["roleRef"]["name"] in {r["metadata"]["name"] for r in roles}
+             and {"kind": "ServiceAccount", "name": account, "namespace": ns} in b["subjects"]]
+    if len(roles) != 1 or len(bound) != 1:
+        sys.exit(f"{path}: {len(roles)} Role(s) of {ns} granting exactly get and patch on {PURGE_KEY_SECRET}, "
+                 f"{len(bound)} binding it to {account}: want one each")
+    secret_grants = {g for g in grants(objs, {"Role", "ClusterRole"}) if g[2] == "secrets"}
+    if secret_grants != want:
+        sys.exit(f"{path}: rights on Secrets beyond the purge key's: {sorted(secret_grants - want)}")
+    print(f"{path}: {PURGE_KEY_SECRET} ships empty in {ns}; the operator may get and patch it, no other Secret")
+
+
+# The users' roles (kustomize/base/cdn*_role.yaml, helm templates/user-roles.yaml), by name suffix:
+# their grants and the built-in roles they are aggregated into.
+USER_ROLES = {
+    "cdncluster-editor": ({("cluster.anevia.com", "cdnclusters", v) for v in
+                           ("create", "get", "list", "watch", "update", "patch", "delete")}
+                          | {("cluster.anevia.com", "cdnclusters/status", "get")}
+                          | {("cluster.anevia.com", "cdnclusters/scale", v) for v in ("get", "update", "patch")},
+                          {"admin", "edit"}),
+    "cdncluster-viewer": ({("cluster.anevia.com", "cdnclusters", v) for v in ("get", "list", "watch")},
+                          {"admin", "edit", "view"}),
+    # Who may purge is not who may edit: admin only.
+    "cdnpurge-editor": ({("cluster.anevia.com", "cdnpurges", v) for v in ("create", "get", "list", "watch", "delete")}
+                        | {("cluster.anevia.com", "cdnpurges/status", "get")},
+                        {"admin"}),
+    "cdnpurge-viewer": ({("cluster.anevia.com", "cdnpurges", v) for v in ("get", "list", "watch")},
+                        {"admin", "edit", "view"}),
+}
+
+
+def user_roles(path, mode="present"):
+    objs = [o for o in docs(path) if o["kind"] == "ClusterRole" and aggregated(o)]
+    if mode == "none":
+        if objs:
+            sys.exit(f"{path}: aggregated roles rendered: {[o['metadata']['name'] for o in objs]}")
+        print(f"{path}: no users' roles")
+        return
+    found = {}
+    for o in objs:
+        suffix = next((s for s in USER_ROLES if o["metadata"]["name"].endswith("-" + s)), None)
+        if suffix is None:
+            sys.exit(f"{path}: an aggregated ClusterRole that is not a users' role: {o['metadata']['name']}")
+        got = {(g, res, v) for (_, g, res, name, v) in grants([o], {"ClusterRole"}) if not name}
+        want, into = USER_ROLES[suffix]
+        if got != want or aggregated(o) != into or any(r.get("resourceNames") for r in o["rules"]):
+            sys.exit(f"{path}: {o['metadata']['name']}: grants {sorted(got)} into {sorted(aggregated(o))}, "
+                     f"want {sorted(want)} into {sorted(into)}")
+        found[suffix] = o
+    if set(found) != set(USER_ROLES):
+        sys.exit(f"{path}: users' roles {sorted(found)}, want {sorted(USER_ROLES)}")
+    print(f"{path}: the users' roles, purging aggregated into admin only")
 
 
 def crd_for_objects(src, out):
@@ -758,7 +851,8 @@ def sbom_covers_lock(sbom, lock):
 def main():
     cmd, args = sys.argv[1], sys.argv[2:]
     {"rules-file": rules_file, "dashboard-rules": dashboard_rules, "alm-examples": alm_examples,
-     "same-rbac": same_rbac, "no-cluster-rbac": no_cluster_rbac,
+     "same-rbac": same_rbac, "no-cluster-rbac": no_cluster_rbac, "user-roles": user_roles,
+     "purge-key": purge_key,
      "crd-for-objects": crd_for_objects, "all-in-namespace": all_in_namespace,
      "same-crds": same_crds, "pod-ids": pod_ids, "no-kind": no_kind,
      "catalog-properties": catalog_properties, "released": released,

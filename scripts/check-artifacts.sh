@@ -104,6 +104,25 @@ kubectl kustomize "$work/overlay-team-a" >"$work/team-a.yaml"
 "$py" scripts/artifact_checks.py all-in-namespace team-a "$work/team-a.yaml"
 "$py" scripts/artifact_checks.py no-kind Namespace "$work/team-a.yaml"
 "$py" scripts/artifact_checks.py all-in-namespace cdn-operator "$work/kustomize-kustomize-base.yaml"
+# The purge key's Secret, empty, under the name the operator reads, in its namespace, with the one
+# Role on it; an overlay's namePrefix renames it, and the kustomization docs/install.md puts on top
+# names it back.
+for f in kustomize-kustomize-base kustomize-kustomize-overlays-single-namespace kustomize-kustomize-overlays-monitoring \
+  kustomize-argocd-overlay; do
+  "$py" scripts/artifact_checks.py purge-key cdn-operator "$work/$f.yaml"
+done
+"$py" scripts/artifact_checks.py purge-key team-a "$work/team-a.yaml"
+mkdir -p "$work/prefixed" "$work/renamed"
+printf 'apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nnamePrefix: team-a-\nresources:\n  - %s\n' \
+  "$(realpath --relative-to="$work/prefixed" kustomize/base)" >"$work/prefixed/kustomization.yaml"
+sed -n '/the Role follows/,/^```$/p' docs/install.md | sed '1,/^```yaml$/d;$d' >"$work/renamed/kustomization.yaml"
+grep -q '^  - ../prefixed ' "$work/renamed/kustomization.yaml" || { echo "docs/install.md: no namePrefix snippet"; exit 1; }
+kubectl kustomize "$work/prefixed" >"$work/prefixed.yaml"
+if "$py" scripts/artifact_checks.py purge-key cdn-operator "$work/prefixed.yaml" >/dev/null 2>&1; then
+  echo "a namePrefix kept the purge key's name: docs/install.md's snippet is not needed"; exit 1
+fi
+kubectl kustomize "$work/renamed" >"$work/renamed.yaml"
+"$py" scripts/artifact_checks.py purge-key cdn-operator "$work/renamed.yaml"
 # The optional NetworkPolicy component, on the base as a user's overlay adds it.
 mkdir -p "$work/overlay-netpol"
 cat >"$work/overlay-netpol/kustomization.yaml" <<EOF_K
@@ -270,6 +289,16 @@ helm template cdn-operator "$chart" --set uninstall.releaseFinalizers=false >"$w
 "$py" scripts/artifact_checks.py same-rbac "$work/kustomize-kustomize-base.yaml" "$work/helm-default.yaml"
 "$py" scripts/artifact_checks.py same-rbac "$work/kustomize-kustomize-overlays-single-namespace.yaml" "$work/helm-single-namespace.yaml"
 "$py" scripts/artifact_checks.py no-cluster-rbac "$work/helm-single-namespace.yaml"
+"$py" scripts/artifact_checks.py purge-key cdn-operator "$work/helm-default.yaml"
+"$py" scripts/artifact_checks.py purge-key cdn-operator "$work/helm-single-namespace.yaml"
+# all-features moves the objects to namespaceOverride (cdn-system).
+"$py" scripts/artifact_checks.py purge-key cdn-system "$work/helm-all-features.yaml"
+# The users' roles: CdnClusters edited by admin and edit, CdnPurges created by admin only.
+for f in kustomize-kustomize-base kustomize-kustomize-overlays-single-namespace helm-default helm-single-namespace; do
+  "$py" scripts/artifact_checks.py user-roles "$work/$f.yaml"
+done
+helm template cdn-operator "$chart" --set userRoles.enabled=false >"$work/helm-no-user-roles.yaml"
+"$py" scripts/artifact_checks.py user-roles "$work/helm-no-user-roles.yaml" none
 "$py" scripts/artifact_checks.py same-crds "$work/helm-default.yaml" bundle/manifests/*_*.yaml
 # Monitoring on with default labels: kustomize overlay, Helm, the Argo CD Application's values.
 "$py" scripts/artifact_checks.py kube-prometheus-stack "$work/kustomize-kustomize-overlays-monitoring.yaml"
@@ -301,11 +330,11 @@ olm="$shared/olm-schemas"
 "$py" scripts/artifact_checks.py alm-examples bundle/manifests/cdn-operator.clusterserviceversion.yaml "$work/alm-examples.yaml"
 # The catalog's bundle properties (olm.csv.metadata, olm.gvk, olm.package) are what opm renders.
 "$py" scripts/artifact_checks.py catalog-properties
-# The bundle's other objects (metrics Service, PodDisruptionBudget) as OLM applies them.
-kubernetes-validate --strict --quiet bundle/manifests/cdn-operator-metrics.service.yaml \
-  bundle/manifests/cdn-operator.poddisruptionbudget.yaml
-kubernetes-validate --strict --quiet --no-warn -k 1.29.0 bundle/manifests/cdn-operator-metrics.service.yaml \
-  bundle/manifests/cdn-operator.poddisruptionbudget.yaml
+# The bundle's other objects (metrics Service, PodDisruptionBudget, purge key Secret) as OLM applies them.
+bundled=(bundle/manifests/cdn-operator-metrics.service.yaml bundle/manifests/cdn-operator.poddisruptionbudget.yaml
+  bundle/manifests/cdn-operator-purge-signing.secret.yaml)
+kubernetes-validate --strict --quiet "${bundled[@]}"
+kubernetes-validate --strict --quiet --no-warn -k 1.29.0 "${bundled[@]}"
 # A release as the release workflow makes it (docs/upgrading.md): scripts/bundle_release.py on a
 # copy of bundle/ and olm/, for a 0.2.0 with fake digests; then every check of a release.
 rel="$work/release"

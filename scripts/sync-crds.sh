@@ -4,10 +4,10 @@
 #   kustomize/base/crds/, helm/cdn-operator/files/crds/ and bundle/manifests/.
 # It also copies the Grafana dashboards and the PrometheusRule of kustomize/components/ into the
 # Helm chart's files/ (Helm cannot read outside its chart), the metrics Service (with OpenShift's
-# serving-certificate annotation) and PodDisruptionBudget into bundle/manifests/ (OLM installs
-# bundle objects of these kinds as they are), the PrometheusRule into olm/monitoring/ (not in the
-# bundle: OLM fails an install whose kinds the cluster lacks) with the PodMonitor, then regenerates the catalog's
-# bundle properties.
+# serving-certificate annotation), the PodDisruptionBudget and the empty Secret of the purge key
+# into bundle/manifests/ (OLM installs bundle objects of these kinds as they are), the
+# PrometheusRule into olm/monitoring/ (not in the bundle: OLM fails an install whose kinds the
+# cluster lacks) with the PodMonitor, then regenerates the catalog's bundle properties.
 # tests/shipped_artifacts.rs fails when any copy differs from its source; run this to fix it.
 # usage: scripts/sync-crds.sh [path/to/cdn-operator]   (default: cargo run)
 set -euo pipefail
@@ -52,7 +52,8 @@ sed '0,/^  labels:$/s//  annotations:\
     service.beta.openshift.io\/serving-cert-secret-name: cdn-operator-metrics-cert\
   labels:/' kustomize/base/metrics_service.yaml >bundle/manifests/cdn-operator-metrics.service.yaml
 cp kustomize/base/pod_disruption_budget.yaml bundle/manifests/cdn-operator.poddisruptionbudget.yaml
+cp kustomize/base/purge_signing_secret.yaml bundle/manifests/cdn-operator-purge-signing.secret.yaml
 cp kustomize/components/prometheus/prometheus_rule.yaml kustomize/components/prometheus/pod_monitor.yaml \
   olm/monitoring/prometheus-operator/
-echo "synced the metrics Service and PodDisruptionBudget into bundle/manifests/, the PrometheusRule and PodMonitor into olm/monitoring/"
+echo "synced the metrics Service, PodDisruptionBudget and purge key Secret into bundle/manifests/, the PrometheusRule and PodMonitor into olm/monitoring/"
 "${PYTHON:-python3}" scripts/artifact_checks.py catalog-properties --write

@@ -60,7 +60,7 @@ fn crd_files() -> Vec<(String, String)> {
 #[test]
 fn every_crd_copy_is_the_generated_crd() {
     let expected = crd_files();
-    assert_eq!(expected.len(), 2, "CdnCluster and At");
+    assert_eq!(expected.len(), 3, "CdnCluster, CdnPurge and At");
     // The split files put together are exactly what `cdn-operator crd` prints.
     let joined: Vec<&str> = expected.iter().map(|(_, text)| text.as_str()).collect();
     assert_eq!(joined.join("---\n"), crds_yaml());
@@ -128,6 +128,10 @@ fn copies_for_helm_and_olm_are_byte_copies_of_the_kustomize_sources() {
         (
             "kustomize/base/pod_disruption_budget.yaml",
             "bundle/manifests/cdn-operator.poddisruptionbudget.yaml",
+        ),
+        (
+            "kustomize/base/purge_signing_secret.yaml",
+            "bundle/manifests/cdn-operator-purge-signing.secret.yaml",
         ),
         // Monitoring of OLM installs, applied by hand (olm/monitoring).
         (
@@ -237,6 +241,11 @@ fn expected_cluster_grants() -> BTreeSet<Grant> {
     }
     // src/at/mod.rs reads the At fresh before writing its status.
     g.insert(grant("cnat.programming-kubernetes.info", "ats", "", "get"));
+    // src/purge/mod.rs: CdnPurges watched (no get), their status applied; no finalizers (a
+    // purge owns no object).
+    g.insert(grant("cluster.anevia.com", "cdnpurges", "", "list"));
+    g.insert(grant("cluster.anevia.com", "cdnpurges", "", "watch"));
+    g.insert(grant("cluster.anevia.com", "cdnpurges/status", "", "patch"));
     g.insert(grant("events.k8s.io", "events", "", "create"));
     g.insert(grant("events.k8s.io", "events", "", "patch"));
     g
@@ -271,6 +280,18 @@ fn expected_lease_grants() -> BTreeSet<Grant> {
     .into()
 }
 
+/// src/purge/signing.rs: the purge key's Secret, read and filled once; only that one, by name, and
+/// never create (create + get would let a stolen token mint a ServiceAccount token Secret and
+/// read it back).
+fn expected_purge_signing_grants() -> BTreeSet<Grant> {
+    let name = cdn_operator::purge::signing::SECRET_NAME;
+    [
+        grant("", "secrets", name, "get"),
+        grant("", "secrets", name, "patch"),
+    ]
+    .into()
+}
+
 #[test]
 fn rbac_is_exactly_what_the_operator_uses() {
     let cluster_role = yaml("kustomize/base/cluster_role.yaml");
@@ -281,6 +302,52 @@ fn rbac_is_exactly_what_the_operator_uses() {
     // A Role: Leases only in the operator's own namespace.
     assert_eq!(lease_role["kind"], "Role");
     assert_eq!(grants(&lease_role["rules"]), expected_lease_grants());
+
+    // A Role: the purge key's Secret only in the operator's own namespace, bound to its account.
+    let signing_role = yaml("kustomize/base/purge_signing_role.yaml");
+    assert_eq!(signing_role["kind"], "Role");
+    assert_eq!(
+        grants(&signing_role["rules"]),
+        expected_purge_signing_grants()
+    );
+    let signing_binding = yaml("kustomize/base/purge_signing_role_binding.yaml");
+    assert_eq!(
+        signing_binding["roleRef"],
+        json!({"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": signing_role["metadata"]["name"]})
+    );
+    assert_eq!(
+        signing_binding["subjects"],
+        json!([{"kind": "ServiceAccount", "name": "cdn-operator"}])
+    );
+    // The Secret the operator may not create is shipped, empty: the operator fills it, and no
+    // re-apply of the install carries a `data` that would replace the key.
+    let secret = yaml("kustomize/base/purge_signing_secret.yaml");
+    assert_eq!(secret["kind"], "Secret");
+    assert_eq!(
+        secret["metadata"]["name"],
+        cdn_operator::purge::signing::SECRET_NAME
+    );
+    assert_eq!(secret["type"], "Opaque");
+    for field in ["data", "stringData", "immutable"] {
+        assert!(
+            secret.get(field).is_none(),
+            "the shipped Secret has {field}"
+        );
+    }
+    let kustomization = yaml("kustomize/base/kustomization.yaml");
+    for file in [
+        "purge_signing_role.yaml",
+        "purge_signing_role_binding.yaml",
+        "purge_signing_secret.yaml",
+    ] {
+        assert!(
+            kustomization["resources"]
+                .as_array()
+                .unwrap()
+                .contains(&json!(file)),
+            "kustomize/base does not install {file}"
+        );
+    }
 
     let metrics_auth = yaml("kustomize/base/metrics_auth_role.yaml");
     assert_eq!(metrics_auth["kind"], "ClusterRole");
@@ -313,6 +380,9 @@ fn rbac_is_exactly_what_the_operator_uses() {
         assert!(!g.0.contains('*') && !g.1.contains('*') && !g.3.contains('*'));
         assert_ne!(g.1, "secrets");
     }
+    for g in expected_purge_signing_grants() {
+        assert!(!g.2.is_empty() && g.3 != "create" && g.3 != "list" && g.3 != "watch");
+    }
     // The Deployment's --leader-election-id is the Lease the Role allows.
     let deployment = yaml("kustomize/base/deployment.yaml");
     let args = deployment
@@ -322,6 +392,98 @@ fn rbac_is_exactly_what_the_operator_uses() {
         .as_array()
         .unwrap()
         .contains(&json!("--leader-election-id=cdn-operator-leader")));
+}
+
+/// The built-in roles (admin, edit, view) a ClusterRole is aggregated into.
+fn aggregated_into(role: &Value) -> BTreeSet<String> {
+    role["metadata"]["labels"]
+        .as_object()
+        .map(|labels| {
+            labels
+                .iter()
+                .filter(|(_, v)| *v == "true")
+                .filter_map(|(k, _)| k.strip_prefix("rbac.authorization.k8s.io/aggregate-to-"))
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn users_roles_keep_purging_apart_from_editing() {
+    let g = "cluster.anevia.com";
+    let verbs = |resource: &str, verbs: &[&str]| -> BTreeSet<Grant> {
+        verbs.iter().map(|v| grant(g, resource, "", v)).collect()
+    };
+    let mut cluster_editor = verbs(
+        "cdnclusters",
+        &[
+            "create", "get", "list", "watch", "update", "patch", "delete",
+        ],
+    );
+    cluster_editor.extend(verbs("cdnclusters/status", &["get"]));
+    cluster_editor.extend(verbs("cdnclusters/scale", &["get", "update", "patch"]));
+    let mut purge_editor = verbs("cdnpurges", &["create", "get", "list", "watch", "delete"]);
+    purge_editor.extend(verbs("cdnpurges/status", &["get"]));
+    let readers = ["admin", "edit", "view"];
+    for (file, name, want, into) in [
+        (
+            "cdncluster_editor_role.yaml",
+            "cdn-operator-cdncluster-editor",
+            cluster_editor,
+            &readers[..2],
+        ),
+        (
+            "cdncluster_viewer_role.yaml",
+            "cdn-operator-cdncluster-viewer",
+            verbs("cdnclusters", &["get", "list", "watch"]),
+            &readers[..],
+        ),
+        // Who may purge is not who may edit a CdnCluster: admin only, never edit.
+        (
+            "cdnpurge_editor_role.yaml",
+            "cdn-operator-cdnpurge-editor",
+            purge_editor,
+            &readers[..1],
+        ),
+        (
+            "cdnpurge_viewer_role.yaml",
+            "cdn-operator-cdnpurge-viewer",
+            verbs("cdnpurges", &["get", "list", "watch"]),
+            &readers[..],
+        ),
+    ] {
+        let path = format!("kustomize/base/{file}");
+        let role = yaml(&path);
+        assert_eq!(role["kind"], "ClusterRole", "{path}");
+        assert_eq!(role["metadata"]["name"], name, "{path}");
+        assert_eq!(grants(&role["rules"]), want, "{path}");
+        let into: BTreeSet<String> = into.iter().map(|r| r.to_string()).collect();
+        assert_eq!(aggregated_into(&role), into, "{path}: aggregated into");
+        assert!(
+            yaml("kustomize/base/kustomization.yaml")["resources"]
+                .as_array()
+                .unwrap()
+                .contains(&json!(file)),
+            "kustomize/base does not install {file}"
+        );
+    }
+    // Nothing the install binds refers to them: they grant the operator nothing.
+    for entry in fs::read_dir(root().join("kustomize/base")).expect("kustomize/base") {
+        let name = entry
+            .expect("entry")
+            .file_name()
+            .to_string_lossy()
+            .into_owned();
+        if name.ends_with("binding.yaml") {
+            let binding = yaml(&format!("kustomize/base/{name}"));
+            let role = str_at(&binding, "/roleRef/name");
+            assert!(
+                !role.contains("-editor") && !role.contains("-viewer"),
+                "{name}"
+            );
+        }
+    }
 }
 
 /// The container port named `name` in a Deployment spec.
@@ -385,6 +547,23 @@ fn metrics_are_scraped_over_https_on_the_port_the_operator_serves() {
         policy["spec"]["podSelector"]["matchLabels"],
         deployment["spec"]["selector"]["matchLabels"]
     );
+    // It lets the operator out to the nginx pods' sidecars, which purges are sent to: their port,
+    // on the labels every nginx pod carries, in every namespace.
+    let nginx_pods = json!({
+        build::MANAGED_BY_LABEL: build::MANAGED_BY,
+        "app.kubernetes.io/name": "cdncluster",
+    });
+    let to_sidecars = policy["spec"]["egress"]
+        .as_array()
+        .expect("egress")
+        .iter()
+        .find(|rule| rule["to"][0]["podSelector"]["matchLabels"] == nginx_pods)
+        .expect("an egress rule to the nginx pods");
+    assert_eq!(to_sidecars["to"][0]["namespaceSelector"], json!({}));
+    assert_eq!(
+        to_sidecars["ports"],
+        json!([{"port": cdn_operator::nginx_metrics::PORT, "protocol": "TCP"}])
+    );
 }
 
 fn csv() -> Value {
@@ -409,12 +588,13 @@ fn csv_permissions_equal_the_rbac() {
     let permissions = strategy["permissions"].as_array().expect("permissions");
     assert_eq!(permissions.len(), 1);
     assert_eq!(permissions[0]["serviceAccountName"], "cdn-operator");
-    let shipped = grants(&yaml("kustomize/base/cluster_role.yaml")["rules"])
-        .union(&grants(
-            &yaml("kustomize/base/leader_election_role.yaml")["rules"],
-        ))
-        .cloned()
-        .collect::<BTreeSet<_>>();
+    let mut shipped = grants(&yaml("kustomize/base/cluster_role.yaml")["rules"]);
+    for role in [
+        "kustomize/base/leader_election_role.yaml",
+        "kustomize/base/purge_signing_role.yaml",
+    ] {
+        shipped.extend(grants(&yaml(role)["rules"]));
+    }
     assert_eq!(grants(&permissions[0]["rules"]), shipped);
 }
 
@@ -734,7 +914,7 @@ fn csv_owns_the_crds_with_descriptors_that_exist() {
             }
         }
     }
-    // alm-examples: one example of each kind, at least.
+    // alm-examples: one example of each owned kind, at least (the console's "Create" form).
     let examples: Value =
         serde_json::from_str(str_at(&csv, "/metadata/annotations/alm-examples")).expect("JSON");
     let kinds: BTreeSet<&str> = examples
@@ -743,7 +923,16 @@ fn csv_owns_the_crds_with_descriptors_that_exist() {
         .iter()
         .map(|e| str_at(e, "/kind"))
         .collect();
-    assert_eq!(kinds, BTreeSet::from(["CdnCluster", "At"]));
+    let owned_kinds: BTreeSet<&str> = owned.iter().map(|o| str_at(o, "/kind")).collect();
+    assert_eq!(kinds, owned_kinds);
+    // The CdnPurge example is examples/purge.yaml's first.
+    let purge = examples
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["kind"] == "CdnPurge")
+        .expect("a CdnPurge example");
+    assert_eq!(purge, &yaml_docs("examples/purge.yaml")[0]);
     let modes: Vec<(&str, bool)> = csv["spec"]["installModes"]
         .as_array()
         .unwrap()
@@ -839,6 +1028,8 @@ fn bundle_holds_what_olm_installs() {
         "CustomResourceDefinition",
         "Service",
         "PodDisruptionBudget",
+        // The purge key's, which the operator may not create (kustomize/base/purge_signing_role.yaml).
+        "Secret",
     ] {
         assert!(kinds.contains(kind), "the bundle has no {kind}");
     }
@@ -1317,6 +1508,8 @@ fn dashboard_and_alerts_only_use_exported_metrics() {
         "leader_election_master_status",
         "cdn_operator_cdnclusters",
         "cdn_operator_ats",
+        "cdn_operator_cdnpurges",
+        "cdn_operator_cdnpurge_oldest_open_seconds",
         "process_cpu_seconds_total",
         "process_resident_memory_bytes",
     ] {
@@ -1752,8 +1945,8 @@ fn every_alert_has_a_runbook_section() {
             assert!(r["labels"]["severity"].is_string(), "{alert}: severity");
         }
     }
-    // 6 on the operator, 6 on the CdnClusters' traffic.
-    assert_eq!(alerts, 12);
+    // 7 on the operator (CdnPurgeIncomplete among them), 6 on the CdnClusters' traffic.
+    assert_eq!(alerts, 13);
 }
 
 #[test]

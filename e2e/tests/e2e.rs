@@ -2,12 +2,12 @@
 //! cluster, one namespace per test. With no reachable API server each test prints one line and
 //! passes. Run: `cargo build && cargo test -p cdn-operator-e2e -- --test-threads=4`.
 
-use cdn_operator::api::{At, CdnCluster, Phase, State};
+use cdn_operator::api::{At, CdnCluster, CdnPurge, Phase, PurgePhase, State};
 use cdn_operator_e2e::{eventually, fixture, Env, OperatorOptions};
 use cdn_operator_testkit::racing;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Service, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Secret, Service, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::core::GroupVersionKind;
@@ -1547,7 +1547,16 @@ async fn rbac_the_shipped_roles_are_enough_for_the_whole_job() {
     let cluster_role: ClusterRole =
         serde_json::from_value(shipped_named(&manifests, "ClusterRole", "cdn-operator").clone())
             .expect("ClusterRole");
-    let role: Role = serde_json::from_value(shipped(&manifests, "Role").clone()).expect("Role");
+    let role: Role = serde_json::from_value(
+        shipped_named(&manifests, "Role", "cdn-operator-leader-election").clone(),
+    )
+    .expect("Role");
+    // The purge key's Role: get and patch on the one Secret the install ships, empty.
+    let signing_role: Role = serde_json::from_value(
+        shipped_named(&manifests, "Role", "cdn-operator-purge-signing").clone(),
+    )
+    .expect("Role");
+    let signing_secret = shipped_named(&manifests, "Secret", "cdn-operator-purge-signing");
     // The leader election Role limits leases to one name: the operator must use it.
     let lease = role
         .rules
@@ -1574,19 +1583,35 @@ async fn rbac_the_shipped_roles_are_enough_for_the_whole_job() {
         subject.clone(),
     )
     .await;
-    let r: Role =
-        serde_json::from_value(json!({"metadata": {"name": role.name_any()}, "rules": role.rules}))
-            .unwrap();
-    env.api::<Role>()
-        .create(&PostParams::default(), &r)
+    // The Roles of the operator's namespace (this test's, the operator's here): the Lease and the
+    // purge key's Secret.
+    for role in [&role, &signing_role] {
+        let r: Role = serde_json::from_value(
+            json!({"metadata": {"name": role.name_any()}, "rules": role.rules}),
+        )
+        .unwrap();
+        env.api::<Role>()
+            .create(&PostParams::default(), &r)
+            .await
+            .expect("Role");
+        let rb: RoleBinding = serde_json::from_value(json!({"metadata": {"name": role.name_any()},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role.name_any()}, "subjects": subject})).unwrap();
+        env.api::<RoleBinding>()
+            .create(&PostParams::default(), &rb)
+            .await
+            .expect("RoleBinding");
+    }
+    // The Secret as the install ships it (empty): the operator may not create it, only fill it.
+    let secret: Secret = serde_json::from_value(json!({
+        "metadata": {"name": signing_secret["metadata"]["name"], "labels": signing_secret["metadata"]["labels"]},
+        "type": signing_secret["type"],
+    }))
+    .expect("Secret");
+    assert!(secret.data.is_none(), "the shipped Secret is empty");
+    env.api::<Secret>()
+        .create(&PostParams::default(), &secret)
         .await
-        .expect("Role");
-    let rb: RoleBinding = serde_json::from_value(json!({"metadata": {"name": role.name_any()},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role.name_any()}, "subjects": subject})).unwrap();
-    env.api::<RoleBinding>()
-        .create(&PostParams::default(), &rb)
-        .await
-        .expect("RoleBinding");
+        .expect("the purge key's Secret");
 
     // The secured /metrics: the operator's TokenReviews and SubjectAccessReviews.
     bind_shipped_cluster_role(
@@ -1618,9 +1643,21 @@ async fn rbac_the_shipped_roles_are_enough_for_the_whole_job() {
     };
     env.start_operator_with("as-service-account", options).await;
 
-    // The whole job: leadership, the seed topology, an invalid spec, a restore, an At, Events.
+    // The whole job: leadership, the purge key, the seed topology, an invalid spec, a restore, an
+    // At, a CdnPurge, Events.
     eventually("the operator leads", WAIT, || async {
         (holder(&env, &lease).await.as_deref() == Some("as-service-account")).then_some(())
+    })
+    .await;
+    // It filled the shipped Secret with its purge key (get, then a patch of that one Secret).
+    let key = cdn_operator::purge::signing::KEY_ENTRY;
+    eventually("the purge key in the shipped Secret", WAIT, || async {
+        let secret: Secret = get(&env, &secret.name_any()).await?;
+        secret
+            .data?
+            .get(key)
+            .filter(|k| !k.0.is_empty())
+            .map(|_| ())
     })
     .await;
     for name in [
@@ -1674,6 +1711,27 @@ async fn rbac_the_shipped_roles_are_enough_for_the_whole_job() {
         .expect("example-at");
     check_at_pod(&env, "example-at").await;
     at_finishes(&env, "example-at", Some("YAY")).await;
+    // A CdnPurge, watched and its status written (one of a CdnCluster that does not exist fails
+    // at once, with no pod to reach), with its Event.
+    env.apply_yaml(
+        "apiVersion: cluster.anevia.com/v1\nkind: CdnPurge\nmetadata: {name: nowhere}\n\
+         spec: {cdnCluster: nowhere, paths: [/live/index.m3u8]}\n",
+    )
+    .await
+    .expect("the CdnPurge");
+    eventually("CdnPurge nowhere Failed", WAIT, || async {
+        let purge: CdnPurge = get(&env, "nowhere").await?;
+        (purge.status?.phase? == PurgePhase::Failed).then_some(())
+    })
+    .await;
+    eventually("an Event about CdnPurge nowhere", WAIT, || async {
+        env.events()
+            .await
+            .iter()
+            .any(|(name, _, _, _)| name == "nowhere")
+            .then_some(())
+    })
+    .await;
     assert!(!env.events().await.is_empty(), "Events were published");
     // The uninstall step (the chart's pre-delete hook, run as this ServiceAccount) on an At still
     // RUNNING: these roles are enough for it too.

@@ -111,10 +111,10 @@ Create a CdnCluster and see it deployed:
 {{- if .Values.crds.install }}
 
 {{ if .Values.crds.keep -}}
-The CRDs stay on `helm uninstall` (helm.sh/resource-policy: keep), and with them every CdnCluster
-and At. To remove those too: kubectl delete crd cdnclusters.cluster.anevia.com ats.cnat.programming-kubernetes.info
+The CRDs stay on `helm uninstall` (helm.sh/resource-policy: keep), and with them every CdnCluster,
+CdnPurge and At. To remove those too: kubectl delete crd cdnclusters.cluster.anevia.com cdnpurges.cluster.anevia.com ats.cnat.programming-kubernetes.info
 {{- else -}}
-The CRDs are deleted on `helm uninstall`, and with them every CdnCluster and At of the cluster.
+The CRDs are deleted on `helm uninstall`, and with them every CdnCluster, CdnPurge and At of the cluster.
 {{- end }}
 {{- end }}
 {{- if or .Values.metrics.serviceMonitor.enabled .Values.cdnMetrics.podMonitor.enabled .Values.prometheusRule.enabled .Values.dashboards.enabled }}
