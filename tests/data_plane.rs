@@ -242,10 +242,15 @@ impl World {
             let sidecar = Sidecar::start(self.cluster(name), &own, &format!("{host}:9113"), &keys);
             self.sidecars.push((instance.into(), sidecar));
         }
+        self.start_nginx(name, instance, &paths);
+    }
+
+    /// Starts the nginx of `instance` of the CdnCluster `name` on `paths` (its folders kept).
+    fn start_nginx(&mut self, name: &str, instance: &str, paths: &Paths) {
         let cluster = self.cluster(name);
         let conf = self
             .names
-            .config_counted(cluster, &self.clusters, &paths, self.counted);
+            .config_counted(cluster, &self.clusters, paths, self.counted);
         let sandbox = if cluster.spec.tls.is_some() {
             self.sandbox
                 .clone()
@@ -255,6 +260,23 @@ impl World {
         };
         let nginx = Nginx::start(&sandbox, instance, &conf, self.path(), &paths.listen);
         self.running.push((instance.into(), nginx));
+    }
+
+    /// Restarts the nginx of the instance `instance` of `name` as a container restarts: a new
+    /// process on the same folders (the pod's emptyDirs), its sidecar left running.
+    fn restart(&mut self, name: &str, instance: &str) {
+        self.stop(instance);
+        let own = self.path().join(instance);
+        let listen = address(self.net, instance);
+        let (host, _) = listen.rsplit_once(':').unwrap();
+        let paths = Paths {
+            listen: listen.clone(),
+            tls_listen: format!("{host}:443"),
+            temp_dir: own.to_str().unwrap().into(),
+            cache_dir: own.to_str().unwrap().into(),
+        };
+        self.start_nginx(name, instance, &paths);
+        wait_resolved(&listen, HOST.1);
     }
 
     /// Stops the instance `instance`'s nginx, its sidecar left running.
@@ -2068,6 +2090,26 @@ fn a_hard_purge_is_a_miss_on_every_cache_at_once_and_leaves_the_rest_cached() {
     assert_eq!(invalidated(&again), [0]);
     let new = world.purge(&[purge(|p| p.surrogate_keys = vec!["t1".into()])]);
     assert_eq!(invalidated(&new), [10]);
+    // A container restarted on the same cache (its emptyDir kept) loads the files nginx cached:
+    // what was purged stays a miss.
+    let mut world = world;
+    for cache in ["cache-a", "cache-b"] {
+        world.restart(cache, cache);
+    }
+    for i in 0..10 {
+        let r = world.get(&format!("/tagged/t1/{i}.ts"), &[]);
+        assert_eq!(
+            r.header(CACHE_STATUS_HEADER),
+            Some("MISS"),
+            "after a restart"
+        );
+        let kept = world.get(&format!("/tagged/t2/{i}.ts"), &[]);
+        assert_eq!(
+            kept.header(CACHE_STATUS_HEADER),
+            Some("HIT"),
+            "after a restart"
+        );
+    }
 }
 
 #[test]
