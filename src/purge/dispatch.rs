@@ -217,11 +217,10 @@ impl Dispatcher {
         self.inner.jobs().remove(key);
     }
 
-    /// Forgets the jobs of purges that no longer exist (deleted before their end) once over.
-    pub fn forget_unless(&self, exists: impl Fn(&JobKey) -> bool) {
-        self.inner
-            .jobs()
-            .retain(|key, progress| !progress.is_over() || exists(key));
+    /// Forgets the jobs for which `keep` is false: their purges were deleted. A job under way
+    /// goes on to its end (its pods' queues hold its purges), its progress no longer kept.
+    pub fn forget_unless(&self, keep: impl Fn(&JobKey) -> bool) {
+        self.inner.jobs().retain(|key, _| keep(key));
     }
 }
 

@@ -26,6 +26,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::Api;
 use kube::runtime::controller::{Action, Config, Controller};
 use kube::runtime::reflector::{ObjectRef, Store};
+use futures::StreamExt;
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Client, Resource, ResourceExt};
 use serde::{Deserialize, Deserializer};
@@ -171,6 +172,14 @@ pub fn controller(
         let _ = progress_tx.send(ObjectRef::<PurgeSummary>::new(&key.name).within(&key.namespace));
     });
     let dispatcher = signer.map(|signer| Dispatcher::new(client.clone(), signer, notify));
+    // A purge deleted before its end: its job is forgotten once over (no reconcile comes for it).
+    let deleted = dispatcher.clone().ok();
+    let purge_events = purge_events.inspect(move |event| {
+        if let (Ok(watcher::Event::Delete(purge)), Some(dispatcher)) = (event, &deleted) {
+            let uid = purge.uid().unwrap_or_default();
+            dispatcher.forget_unless(|key| key.uid != uid);
+        }
+    });
     let controller = Controller::for_stream(purge_events.applied_objects(), purges.clone())
         .reconcile_on(UnboundedReceiverStream::new(progress_rx))
         .reconcile_all_on(leadership.acquired())
