@@ -227,6 +227,7 @@ impl World {
             tls_listen: format!("{host}:443"),
             temp_dir: own.to_str().unwrap().into(),
             cache_dir: own.to_str().unwrap().into(),
+            ..Paths::default()
         };
         if self.counted {
             let sidecar = Sidecar::start(self.cluster(name), &own, &format!("{host}:9113"));
