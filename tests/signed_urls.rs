@@ -95,6 +95,15 @@ fn clusters() -> Vec<CdnCluster> {
         signed(cluster("edge", Role::Balancer, to_cache()), false),
         signed(cluster("edge-fwd", Role::Balancer, to_cache()), true),
         behind_lb,
+        // A cache with signed URLs of its own, fetching large objects by slices.
+        signed(
+            cluster(
+                "cache-signed",
+                Role::Cache,
+                vec![Source::service("origin", "origin", 80, None)],
+            ),
+            false,
+        ),
     ]
 }
 
@@ -102,6 +111,7 @@ fn ip(net: u8, name: &str) -> String {
     let host = match name {
         "origin" => 10,
         "cache" => 11,
+        "cache-signed" => 12,
         "edge" => 20,
         "edge-fwd" => 21,
         "edge-lb" => 22,
@@ -211,10 +221,17 @@ impl World {
         let d = dir.path();
         std::fs::create_dir_all(d.join("www")).unwrap();
         std::fs::create_dir_all(d.join("tmp")).unwrap();
-        let ips: Vec<(String, String)> = ["origin", "cache", "edge", "edge-fwd", "edge-lb"]
-            .into_iter()
-            .map(|name| (format!("{name}.default.svc.cluster.local"), ip(net, name)))
-            .collect();
+        let ips: Vec<(String, String)> = [
+            "origin",
+            "cache",
+            "edge",
+            "edge-fwd",
+            "edge-lb",
+            "cache-signed",
+        ]
+        .into_iter()
+        .map(|name| (format!("{name}.default.svc.cluster.local"), ip(net, name)))
+        .collect();
         let pairs: Vec<(&str, &str)> = ips.iter().map(|(n, a)| (n.as_str(), a.as_str())).collect();
         let names = Names::new(d, &format!("127.0.{net}.53"), &pairs);
         let sandbox = names.sandbox(d);
@@ -235,7 +252,7 @@ impl World {
             _origin: origin,
             dir,
         };
-        for name in ["cache", "edge", "edge-fwd", "edge-lb"] {
+        for name in ["cache", "edge", "edge-fwd", "edge-lb", "cache-signed"] {
             world.run(name);
         }
         world
@@ -545,6 +562,51 @@ fn a_valid_token_is_served_cached_once_whatever_the_token_and_never_reaches_the_
     assert_eq!(
         (r.header("Surrogate-Key"), r.header("Cache-Tag")),
         (None, None)
+    );
+}
+
+#[test]
+fn a_signed_cache_serves_a_large_object_by_slices_checking_the_token_once() {
+    let world = World::start(68);
+    // 2.5 MiB: three slices of 1 MiB, each a subrequest of the cache.
+    let body: String = (0..(5 << 19))
+        .map(|i| (b'a' + (i % 26) as u8) as char)
+        .collect();
+    world.put("/vod/big.mp4", &body);
+    let good = token(KEY_A, &["/vod/*"], |_| {});
+    let r = world.get("cache-signed", &with_token("/vod/big.mp4?v=1", &good), &[]);
+    assert_eq!((r.status, r.body.len()), (200, body.len()));
+    assert!(r.body == body, "the object whole");
+    // Each slice asked of the origin without the token, the other parameter kept.
+    let asked = world.asked_for("/vod/big.mp4");
+    assert_eq!(asked.len(), 3, "{asked:?}");
+    assert!(
+        asked.iter().all(|a| a.uri == "/vod/big.mp4?v=1"),
+        "{asked:?}"
+    );
+    // Another token: the same object, from the cache; a range too.
+    let other = token(KEY_B, &["/vod/big.mp4"], |_| {});
+    let r = world.get("cache-signed", &with_token("/vod/big.mp4?v=1", &other), &[]);
+    assert_eq!(
+        (r.status, r.header(CACHE_STATUS_HEADER)),
+        (200, Some("HIT"))
+    );
+    let r = world.get(
+        "cache-signed",
+        &with_token("/vod/big.mp4?v=1", &other),
+        &[("Range", "bytes=2097152-2097161")],
+    );
+    assert_eq!((r.status, r.body.as_str()), (206, &body[2097152..2097162]));
+    let r = world.get(
+        "cache-signed",
+        "/vod/big.mp4?v=1",
+        &[("Range", "bytes=0-9")],
+    );
+    assert_eq!(r.status, 403, "a range needs a token too");
+    assert_eq!(
+        world.asked_for("/vod/big.mp4").len(),
+        3,
+        "nothing fetched again"
     );
 }
 
@@ -1049,4 +1111,46 @@ fn keys_rotate_without_a_restart_and_without_a_failed_request() {
     assert_eq!(health.status, 200);
     assert!(nginx.log().contains("no valid key"));
     assert_eq!(master(&nginx), before);
+}
+
+#[test]
+fn the_example_is_accepted_by_the_crd_and_renders_a_signed_balancer() {
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/signed-urls.yaml");
+    let dir = tempfile::tempdir().unwrap();
+    let crds = dir.path().join("crds.yaml");
+    std::fs::write(&crds, cdn_operator::api::crds_yaml()).unwrap();
+    let out = std::process::Command::new("python3")
+        .arg(support::shared("tools/crd_validate.py"))
+        .arg(&crds)
+        .arg(&example)
+        .output()
+        .expect("python3 with jsonschema and pyyaml (scripts/install-test-deps.sh)");
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{report}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for name in ["edge", "cache-vod"] {
+        assert!(report.contains(&format!(": {name}: OK")), "{report}");
+    }
+    // What the operator makes of it: the verifier and the Secret in the balancer's pods only.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_cdn-operator"))
+        .args(["render", "-f"])
+        .arg(&example)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rendered = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(rendered.matches("token.js: |").count(), 1, "{rendered}");
+    assert_eq!(rendered.matches("secretName: edge-token-keys").count(), 1);
+    assert_eq!(
+        rendered.matches(TOKEN_KEYS_DIR).count(),
+        2,
+        "the mount and run.sh"
+    );
 }
