@@ -212,10 +212,11 @@ write_keys() {{
     printf '{{"version":"%s","keys":[%s]}}\n' "${{version%% *}}" "$keys" > /tmp/{TOKEN_KEYS_FILE}
 }}
 write_keys
-# What the watcher follows. No key at all is a state too (every token refused), not a failure.
+# What the watcher follows. The verifier and the keys may be missing (a ConfigMap without signed
+# URLs any more, a Secret with no key): a state too, not a failure.
 watched() {{
-    cksum {files} "$script" || return
-    cksum "$keys_dir"/* 2>/dev/null || :
+    cksum {files} || return
+    cksum "$script" "$keys_dir"/* 2>/dev/null || :
 }}
 "#
     )
