@@ -65,18 +65,10 @@ pub const TOKEN_KEYS_DIR: &str = "/etc/nginx/token-keys";
 /// The file, in the temp folder, where the entrypoint writes the valid keys for nginx to preload
 /// ([`token_keys_json`]).
 pub const TOKEN_KEYS_FILE: &str = "token-keys.json";
-/// The variable holding `ok`, or why the request is refused ([`TOKEN_DENIALS`]); `-` in a
-/// cluster without signed URLs. The last field of the metrics log.
+/// The variable holding `ok`, or why the request is refused (the reasons of
+/// [`crate::nginx_metrics::log::Denial`]); `-` in a cluster without signed URLs. The last field of
+/// the metrics log.
 pub const TOKEN_STATUS: &str = "$cdn_token_status";
-/// Why a request with signed URLs gets a 403, as the verifier says it.
-pub const TOKEN_DENIALS: [&str; 6] = [
-    "missing",
-    "malformed",
-    "expired",
-    "invalid",
-    "path",
-    "address",
-];
 /// The zone where the workers remember the tokens whose MAC verified: an HMAC once per token.
 const TOKEN_ZONE: &str = "zone=cdn_tokens:4m timeout=10m evict";
 /// The response headers by which an origin tags its objects for purges (Fastly's and
