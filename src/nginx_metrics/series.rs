@@ -148,6 +148,13 @@ impl Series {
             "Failed attempts at a source: error (no answer: refused, reset, invalid), timeout, http_5xx (answered 5xx)",
             series.upstream_errors.clone(),
         );
+        // Every reason from the start, at 0: a rate over a series that appears with its first
+        // refusal would miss that refusal.
+        for denial in Denial::ALL {
+            let _ = series.token_denials.get_or_create(&DenialLabels {
+                reason: denial.as_str(),
+            });
+        }
         cdn.register(
             "token_denials",
             "Client requests refused (403) for their signed URL's token, by reason: missing, malformed, expired, invalid, path, address",
@@ -588,7 +595,7 @@ mod tests {
         for (reason, value) in [
             ("expired", Some("2")),
             ("missing", Some("1")),
-            ("path", None),
+            ("path", Some("0")),
         ] {
             let name = format!(r#"cdn_token_denials_total{{{l},reason="{reason}"}}"#);
             assert_eq!(sample(&text, &name), value, "{name} in\n{text}");
