@@ -276,14 +276,18 @@ images() {
     --platform linux/amd64 -t "$OPERATOR_IMAGE" . >/dev/null)
   # nginx 1.30 (the default image's minor version): Debian unstable's, in a minimal Debian root,
   # run as a numeric non-root user, stopped with SIGQUIT as nginx's images are. Made once.
-  # The root ./test.sh makes for the data-plane tests when there is one, else one of its own.
+  # The root ./test.sh makes for the data-plane tests when there is one, else one of its own;
+  # with njs (libnginx-mod-http-js), which CdnClusters with signed URLs load, as the default
+  # image ships it.
   local nginx_root=${CDN_TEST_NGINX_ROOT:-/opt/cdn-operator-test/nginx-root}
-  if [[ ! -x $nginx_root/usr/sbin/nginx ]]; then
+  local njs=usr/lib/nginx/modules/ngx_http_js_module.so
+  if [[ ! -x $nginx_root/usr/sbin/nginx || ! -f $nginx_root/$njs ]]; then
     nginx_root=$work/nginx-root
-    if [[ ! -x $nginx_root/usr/sbin/nginx ]]; then
+    if [[ ! -x $nginx_root/usr/sbin/nginx || ! -f $nginx_root/$njs ]]; then
       rm -rf "$nginx_root.tmp"
-      mmdebstrap --quiet --variant=essential --include=nginx --mode=root \
+      mmdebstrap --quiet --variant=essential --include=nginx,libnginx-mod-http-js --mode=root \
         --aptopt='Acquire::Check-Valid-Until "false"' sid "$nginx_root.tmp"
+      rm -rf "$nginx_root"
       mv "$nginx_root.tmp" "$nginx_root"
     fi
   fi

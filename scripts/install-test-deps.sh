@@ -29,14 +29,17 @@ fi
 # (testkit/src/nginx.rs): Debian unstable's, whose binary needs unstable's libc and OpenSSL, so it
 # lives in a root of its own (about 105 MB) that the tests enter with bubblewrap. The root is
 # outside the repository so that every clone shares it; CDN_TEST_NGINX_ROOT moves it, for the
-# tests too. Made once (15 to 40 s here), again only if its nginx is not of the 1.30 series.
+# tests too. Made once (15 to 40 s here), again only if its nginx is not of the 1.30 series or
+# lacks njs (libnginx-mod-http-js: the signed URLs' verifier, which the default image ships too).
 nginx_root="${CDN_TEST_NGINX_ROOT:-/opt/cdn-operator-test/nginx-root}"
 nginx_series="nginx/1.30."
+njs_module=usr/lib/nginx/modules/ngx_http_js_module.so
 root_nginx_version() {
   bwrap --ro-bind "$1" / --dev /dev --proc /proc nginx -v 2>&1 || true
 }
 if ! command -v bwrap >/dev/null 2>&1 \
-  || ! grep -qF "$nginx_series" <<<"$(root_nginx_version "$nginx_root")"; then
+  || ! grep -qF "$nginx_series" <<<"$(root_nginx_version "$nginx_root")" \
+  || [ ! -f "$nginx_root/$njs_module" ]; then
   if ! command -v bwrap >/dev/null 2>&1 || ! command -v mmdebstrap >/dev/null 2>&1; then
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
@@ -48,13 +51,17 @@ if ! command -v bwrap >/dev/null 2>&1 \
   mkdir -p "$(dirname "$nginx_root")"
   # The mirror's unstable index is a snapshot, past the Valid-Until date of its Release file. The
   # root gets an /etc/hosts for localhost (the tests bind their own over it).
-  mmdebstrap --quiet --variant=essential --include=nginx,ca-certificates --mode=root \
+  mmdebstrap --quiet --variant=essential --include=nginx,libnginx-mod-http-js,ca-certificates --mode=root \
     --aptopt='Acquire::Check-Valid-Until "false"' \
     --customize-hook='printf "127.0.0.1 localhost\n::1 localhost\n" > "$1/etc/hosts"' \
     sid "$staging"
   version="$(root_nginx_version "$staging")"
   if ! grep -qF "$nginx_series" <<<"$version"; then
     echo "Debian unstable's nginx is not of the ${nginx_series}x series the pods run: $version" >&2
+    exit 1
+  fi
+  if [ ! -f "$staging/$njs_module" ]; then
+    echo "Debian unstable's libnginx-mod-http-js installed no $njs_module" >&2
     exit 1
   fi
   rm -rf "$nginx_root"
@@ -74,6 +81,13 @@ if ! python3 -c 'import grpc, opentelemetry.proto' >/dev/null 2>&1; then
   # Debian's own python3 refuses system-wide installs (PEP 668) unless told otherwise.
   python3 -m pip install -q opentelemetry-proto grpcio 2>/dev/null \
     || python3 -m pip install -q --break-system-packages opentelemetry-proto grpcio
+fi
+
+# Akamai's own signer of EdgeAuth tokens, an implementation independent of the operator's: the
+# test vectors of signed URLs come from it (tests/fixtures/signed-urls/generate.py), pinned.
+if ! python3 -c 'import akamai.edgeauth' >/dev/null 2>&1; then
+  python3 -m pip install -q akamai-edgeauth==0.3.2 2>/dev/null \
+    || python3 -m pip install -q --break-system-packages akamai-edgeauth==0.3.2
 fi
 
 # The Mermaid CLI (tests/graph.rs), pinned; it drives Debian's chromium, so puppeteer downloads none.

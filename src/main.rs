@@ -37,6 +37,8 @@ enum Command {
     Crd,
     /// The sidecar of the CdnClusters' pods: count nginx's requests and serve them on /metrics.
     NginxMetrics(cdn_operator::nginx_metrics::Args),
+    /// Print a token of a CdnCluster's signed URLs (spec.signedUrls), or the URL with it.
+    SignUrl(cdn_operator::cli::sign_url::Args),
     /// Uninstall: release the finalizer of every At pod (the Helm chart's pre-delete hook).
     ReleaseFinalizers(cdn_operator::cli::release_finalizers::Args),
     /// Print the version.
@@ -71,6 +73,7 @@ fn main() -> ExitCode {
         Command::Render(args) => cdn_operator::cli::render::main(args),
         Command::Graph(args) => cdn_operator::cli::graph::main(args),
         Command::NginxMetrics(args) => cdn_operator::nginx_metrics::main(args),
+        Command::SignUrl(args) => cdn_operator::cli::sign_url::main(args),
         Command::ReleaseFinalizers(args) => cdn_operator::cli::release_finalizers::main(args),
     }
 }

@@ -236,6 +236,7 @@ impl World {
             tls_listen: format!("{host}:443"),
             temp_dir: own.to_str().unwrap().into(),
             cache_dir: own.to_str().unwrap().into(),
+            ..Paths::default()
         };
         if self.counted {
             let keys = self.path().join(wire::PUBLIC_KEYS_KEY);
@@ -274,6 +275,7 @@ impl World {
             tls_listen: format!("{host}:443"),
             temp_dir: own.to_str().unwrap().into(),
             cache_dir: own.to_str().unwrap().into(),
+            ..Paths::default()
         };
         self.start_nginx(name, instance, &paths);
         wait_resolved(&listen, HOST.1);

@@ -248,6 +248,127 @@ fn tls_configurations_pass_nginx_t_and_ocsp_stapling_only_warns() {
 }
 
 #[test]
+fn signed_url_configurations_pass_nginx_t_with_the_verifier_and_keys_of_the_pod() {
+    // Every role, forwarding the token or not, with HTTPS, counted by the sidecar: nginx loads
+    // njs, the verifier from the ConfigMap's folder (read-only) and the keys the entrypoint wrote.
+    use cdn_operator::api::{HttpSpec, SignedUrls};
+    use cdn_operator::cdncluster::nginx::{self, CONFIG_DIR, TOKEN_KEYS_FILE, TOKEN_SCRIPT};
+    let dir = tempfile::tempdir().unwrap();
+    let names = Names::new(
+        dir.path(),
+        "127.0.0.57",
+        &[
+            ("cache-live.default.svc.cluster.local", "127.0.0.1"),
+            ("vod-store.default.svc.cluster.local", "127.0.0.1"),
+        ],
+    );
+    let config = dir.path().join("config");
+    std::fs::create_dir_all(&config).unwrap();
+    std::fs::write(config.join(TOKEN_SCRIPT), nginx::TOKEN_SCRIPT_SOURCE).unwrap();
+    let ca = support::tls::Ca::new("cdn-operator test CA");
+    let certificate = ca.issue("cdn.example", "cdn.example", 1);
+    let secret = dir.path().join("secret");
+    std::fs::create_dir_all(&secret).unwrap();
+    for (key, value) in certificate.secret_data() {
+        std::fs::write(secret.join(key), value).unwrap();
+    }
+    let signed = |mut c: CdnCluster, token_name: Option<&str>, forward_token: bool| {
+        c.spec.signed_urls = Some(Box::new(SignedUrls {
+            secret_name: "keys".into(),
+            token_name: token_name.map(Into::into),
+            forward_token,
+        }));
+        c
+    };
+    let live = cluster("cache-live", Role::Cache, vec![]);
+    let edge = || {
+        cluster(
+            "balancer",
+            Role::Balancer,
+            vec![
+                Source::cluster("cache-live", Some("^/live/")),
+                Source::service("store", "vod-store", 80, None),
+            ],
+        )
+    };
+    let store = || {
+        cluster(
+            "cache-store",
+            Role::Cache,
+            vec![Source::service("store", "vod-store", 80, Some("^/vod/"))],
+        )
+    };
+    let mut behind_lb = signed(edge(), Some("token"), false);
+    behind_lb.spec.http = Some(Box::new(HttpSpec {
+        trusted_proxies: Some(vec!["10.0.0.0/8".into(), "2001:db8::/32".into()]),
+        excluded_query_parameters: Some(vec!["token".into(), "session".into()]),
+    }));
+    let mut https = signed(store(), None, false);
+    https.spec.tls = Some(Box::new(TlsSpec {
+        secret_name: "cdn-tls".into(),
+        redirect: true,
+    }));
+    for (case, c, metrics) in [
+        ("edge", signed(edge(), None, false), false),
+        ("edge-counted", signed(edge(), None, false), true),
+        ("edge-forwarding", signed(edge(), Some("t"), true), true),
+        ("edge-behind-lb", behind_lb, false),
+        ("cache", signed(store(), None, false), true),
+        ("cache-https", https, true),
+        // No default source: the 404 of unrouted paths is checked too.
+        (
+            "cache-alone",
+            signed(cluster("cache-alone", Role::Cache, vec![]), None, false),
+            false,
+        ),
+        // Without signed URLs but counted: the log's token field is `-`.
+        ("plain-counted", store(), true),
+    ] {
+        let own = dir.path().join(case);
+        std::fs::create_dir_all(&own).unwrap();
+        std::fs::write(
+            own.join(TOKEN_KEYS_FILE),
+            nginx::token_keys_json(&["00112233445566778899aabbccddeeff"]),
+        )
+        .unwrap();
+        let paths = Paths {
+            cache_dir: own.to_str().unwrap().into(),
+            temp_dir: own.to_str().unwrap().into(),
+            ..Paths::default()
+        };
+        let conf = names.config_counted(&c, &[live.clone(), c.clone()], &paths, metrics);
+        let file = own.join("nginx.conf");
+        std::fs::write(&file, &conf).unwrap();
+        let sandbox = names
+            .sandbox(&own)
+            .read_only(&config, CONFIG_DIR)
+            .read_only(&secret, nginx::TLS_DIR);
+        let report = test_config(&sandbox, &file).unwrap_or_else(|report| {
+            panic!("{case}: nginx -t refused the configuration:\n{report}\n--- configuration ---\n{conf}")
+        });
+        for worse in ["[error]", "[crit]", "[alert]", "[emerg]"] {
+            assert!(!report.contains(worse), "{case}: {worse}: {report}");
+        }
+    }
+    // Without the keys the entrypoint writes, nginx refuses to start: the pod never serves
+    // unchecked.
+    let file = dir.path().join("edge/nginx.conf");
+    std::fs::remove_file(dir.path().join("edge").join(TOKEN_KEYS_FILE)).unwrap();
+    let refused = test_config(
+        &names
+            .sandbox(&dir.path().join("edge"))
+            .read_only(&config, CONFIG_DIR),
+        &file,
+    )
+    .unwrap_err();
+    // (njs 1.0.2 names no file: "failed to initialize preload objects".)
+    assert!(
+        refused.contains("[emerg]") && refused.contains("preload objects"),
+        "{refused}"
+    );
+}
+
+#[test]
 fn nginx_t_catches_a_broken_configuration() {
     // The check above must be able to fail: a config nginx cannot read is reported.
     let dir = tempfile::tempdir().unwrap();

@@ -104,6 +104,23 @@ fn the_ingress_example_renders_an_ingress_as_golden() {
     assert_eq!(run.stdout.matches("kind: Ingress").count(), 1);
 }
 
+/// A balancer with signed URLs: njs and the verifier, the token out of the key and of what the
+/// cache gets, the keys' Secret mounted and watched by the entrypoint; its Secret skipped.
+#[test]
+fn the_signed_urls_example_renders_the_verifier_and_the_keys_as_golden() {
+    let example = golden::root().join("examples/signed-urls.yaml");
+    let run = cdn_operator(&["render", "-f", path(&example)], "");
+    assert_eq!(
+        (run.code, run.stderr.as_str()),
+        (
+            0,
+            "cdn-operator: skipped Secret edge-token-keys (v1): neither a CdnCluster nor an At\n"
+        )
+    );
+    check("render-signed-urls.yaml", &run.stdout);
+    assert_eq!(run.stdout.matches("token.js: |").count(), 1);
+}
+
 #[test]
 fn a_topology_with_tls_renders_as_golden() {
     let tls = input("tls-topology.yaml");

@@ -1537,6 +1537,7 @@ fn dashboard_and_alerts_only_use_exported_metrics() {
         "cdn_cache_filesystem_size_bytes",
         "cdn_cache_filesystem_avail_bytes",
         "cdn_log_lines_total",
+        "cdn_token_denials_total",
     ] {
         assert!(
             used.contains(needed),
@@ -1741,6 +1742,14 @@ fn cdn_dashboard_shows_what_issue_37_asks() {
     has("cache turnover against max_size", &|e| {
         e.contains(r#"cache_status=~"MISS|EXPIRED""#) && e.contains("cdn_cache_max_size_bytes{")
     });
+    // Issue 49: the refusals of signed URLs, by reason.
+    has("403s of signed URLs by reason", &|e| {
+        per_cluster(e, ", reason") && e.contains("rate(cdn_token_denials_total{")
+    });
+    assert!(
+        panels.iter().any(|(title, _, _)| title == "403s by reason"),
+        "the CDN dashboard has no panel \"403s by reason\""
+    );
 }
 
 /// `label OP "value"` matchers of `label` (=, !=, =~, !~) in an expression: the values, regular

@@ -1,9 +1,10 @@
 //! The desired children of a CdnCluster: pure, from the CdnCluster and its resolved upstreams.
 
 use super::nginx::{
-    self, keys_zone_mib, size_bytes, CacheTuning, HttpTuning, Paths, TlsTuning, Upstream,
-    HEALTH_PATH, LISTEN_PORT, SERVICE_PORT_NAME, TLS_CERT_FILE, TLS_DIR, TLS_KEY_FILE,
-    TLS_LISTEN_PORT, TLS_PORT_NAME,
+    self, keys_zone_mib, size_bytes, CacheTuning, HttpTuning, Paths, SignedUrlsTuning, TlsTuning,
+    Upstream, HEALTH_PATH, LISTEN_PORT, SERVICE_PORT_NAME, TLS_CERT_FILE, TLS_DIR, TLS_KEY_FILE,
+    TLS_LISTEN_PORT, TLS_PORT_NAME, TOKEN_KEYS_DIR, TOKEN_KEYS_FILE, TOKEN_SCRIPT,
+    TOKEN_SCRIPT_SOURCE,
 };
 use super::sources::{SERVICE_PORT, TLS_SERVICE_PORT};
 use crate::api::{CdnCluster, Role};
@@ -48,7 +49,7 @@ pub const CONFIG_KEY: &str = "nginx.conf";
 /// with HTTPS.
 pub const ENTRYPOINT_KEY: &str = "run.sh";
 /// Where the ConfigMap is mounted.
-pub const CONFIG_DIR: &str = "/etc/nginx/cdn";
+pub const CONFIG_DIR: &str = nginx::CONFIG_DIR;
 
 /// The container's entrypoint (`sh`): gives nginx the pod's nameserver, for the names it looks
 /// up while it runs (nginx reads no resolv.conf), runs nginx and applies a new configuration in
@@ -112,39 +113,114 @@ exit "$status"
 /// files as it does a ConfigMap's (a new `..data` swapped in), and nginx re-reads them on SIGHUP:
 /// a renewed certificate is served within seconds, with no restart, keeping the cache and the
 /// requests in flight.
-pub fn entrypoint(tls: bool) -> std::borrow::Cow<'static, str> {
-    if !tls {
+///
+/// With signed URLs (`signed_urls`), the script first writes the valid keys of the mounted Secret
+/// for nginx to preload ([`nginx::token_keys_json`]'s shape; an entry that is not a key is logged
+/// and skipped, never fatal), and its watcher writes them again and reloads nginx when the keys
+/// or the verifier change: a rotated Secret is applied within seconds of the kubelet's update,
+/// with no restart.
+pub fn entrypoint(tls: bool, signed_urls: bool) -> std::borrow::Cow<'static, str> {
+    if !tls && !signed_urls {
         return ENTRYPOINT.into();
     }
-    let watched = "\"$conf\" \"$tls_cert\" \"$tls_key\"";
+    let mut settings = String::new();
+    let mut files = String::from("\"$conf\"");
+    let mut what = vec!["$conf"];
+    if tls {
+        settings.push_str(&format!(
+            "# The certificate and key of the mounted TLS Secret: a renewal reloads nginx too.\n\
+             tls_cert={TLS_DIR}/{TLS_CERT_FILE}\n\
+             tls_key={TLS_DIR}/{TLS_KEY_FILE}\n"
+        ));
+        files.push_str(" \"$tls_cert\" \"$tls_key\"");
+        what.push("the TLS certificate");
+    }
+    let (applied, now, reload) = if signed_urls {
+        settings.push_str(&signed_urls_settings(&files));
+        what.push("the token keys");
+        (
+            "applied=$(watched)".to_string(),
+            "now=$(watched) || continue".to_string(),
+            "write_keys\n            kill -HUP \"$nginx\"",
+        )
+    } else {
+        (
+            format!("applied=$(cksum {files})"),
+            format!("now=$(cksum {files}) || continue"),
+            "kill -HUP \"$nginx\"",
+        )
+    };
+    let what = match what.as_slice() {
+        [one, two] => format!("{one} or {two}"),
+        [first @ .., last] => format!("{}, or {last}", first.join(", ")),
+        [] => unreachable!("the configuration is always watched"),
+    };
     let mut script = ENTRYPOINT.to_string();
-    for (plain, with_tls) in [
+    for (plain, changed) in [
         (
             "conf=/etc/nginx/cdn/nginx.conf\n".to_string(),
-            format!(
-                "conf=/etc/nginx/cdn/nginx.conf\n\
-                 # The certificate and key of the mounted TLS Secret: a renewal reloads nginx too.\n\
-                 tls_cert={TLS_DIR}/{TLS_CERT_FILE}\n\
-                 tls_key={TLS_DIR}/{TLS_KEY_FILE}\n"
-            ),
+            format!("conf=/etc/nginx/cdn/nginx.conf\n{settings}"),
         ),
-        (
-            "applied=$(cksum < \"$conf\")".into(),
-            format!("applied=$(cksum {watched})"),
-        ),
-        (
-            "now=$(cksum < \"$conf\") || continue".into(),
-            format!("now=$(cksum {watched}) || continue"),
-        ),
+        ("applied=$(cksum < \"$conf\")".into(), applied),
+        ("now=$(cksum < \"$conf\") || continue".into(), now),
         (
             "$conf changed: reloading nginx".into(),
-            "$conf or the TLS certificate changed: reloading nginx".into(),
+            format!("{what} changed: reloading nginx"),
         ),
+        ("kill -HUP \"$nginx\"".into(), reload.into()),
     ] {
         debug_assert_eq!(script.matches(&plain).count(), 1, "{plain}");
-        script = script.replacen(&plain, &with_tls, 1);
+        script = script.replacen(&plain, &changed, 1);
     }
     script.into()
+}
+
+/// The entrypoint's lines for signed URLs: the keys written for nginx ([`TOKEN_KEYS_FILE`]), at
+/// once and by the watcher, and what the watcher checksums: `files`, the verifier and the keys.
+/// POSIX sh and cksum only: `read` takes a key file's first line, whitespace around it dropped.
+fn signed_urls_settings(files: &str) -> String {
+    format!(
+        r#"# Signed URLs: every entry of the mounted Secret is a key, 16 to 64 bytes in hex. nginx
+# preloads the valid ones from a file written here, again whenever the Secret changes; an entry
+# that is not a key is logged and skipped.
+keys_dir={TOKEN_KEYS_DIR}
+script={CONFIG_DIR}/{TOKEN_SCRIPT}
+write_keys() {{
+    keys=
+    for file in "$keys_dir"/*; do
+        [ -f "$file" ] || continue
+        key=
+        IFS= read -r key < "$file"
+        key=${{key#"${{key%%[![:space:]]*}}"}}
+        key=${{key%"${{key##*[![:space:]]}}"}}
+        case $key in
+            "" | *[!0-9a-fA-F]*) problem="not hexadecimal" ;;
+            *) if [ $((${{#key}} % 2)) -ne 0 ] || [ ${{#key}} -lt 32 ] || [ ${{#key}} -gt 128 ]; then
+                   problem="not 16 to 64 bytes"
+               else
+                   problem=
+               fi ;;
+        esac
+        if [ -n "$problem" ]; then
+            echo "cdn-operator: the token key ${{file##*/}} is $problem: skipped" >&2
+            continue
+        fi
+        keys="$keys${{keys:+,}}\"$key\""
+    done
+    [ -n "$keys" ] || echo "cdn-operator: no valid key in $keys_dir: every token is refused" >&2
+    # The verifier remembers the tokens it verified under this version of the keys.
+    version=$(printf '%s' "$keys" | cksum)
+    printf '{{"version":"%s","keys":[%s]}}\n' "${{version%% *}}" "$keys" > /tmp/{TOKEN_KEYS_FILE}
+}}
+write_keys
+# What the watcher follows. The verifier and the keys may be missing (a ConfigMap without signed
+# URLs any more, a Secret with no key): a state too, not a failure.
+watched() {{
+    cksum {files} || return
+    cksum "$script" "$keys_dir"/* 2>/dev/null || :
+}}
+"#
+    )
 }
 
 pub fn deployment_name(cluster: &str) -> String {
@@ -325,17 +401,35 @@ fn cache_tuning(cluster: &CdnCluster) -> CacheTuning {
 }
 
 /// How `cluster` identifies requests (its spec, with its role's defaults), how long a stop waits
-/// for the requests in flight, and whether the requests are counted (`metrics`).
+/// for the requests in flight, whether the requests are counted (`metrics`) and need a token.
 fn http_tuning(cluster: &CdnCluster, metrics: bool) -> HttpTuning {
     let defaults = HttpTuning::for_role(cluster.spec.role);
     let spec = cluster.spec.http.as_deref().cloned().unwrap_or_default();
+    let signed_urls = cluster
+        .spec
+        .signed_urls
+        .as_deref()
+        .map(|signed| SignedUrlsTuning {
+            token_name: signed.token_name().into(),
+            forward_token: signed.forward_token,
+        });
+    // A cluster that viewers reach directly, or whose tokens may be bound to the viewer's
+    // address, believes no forwarded address unless told whose: any pod or viewer can send one.
+    let facing_viewers =
+        signed_urls.is_some() || cluster.spec.service.is_some() || cluster.spec.ingress.is_some();
+    let default_trusted = if facing_viewers {
+        Vec::new()
+    } else {
+        defaults.trusted_proxies
+    };
     HttpTuning {
-        trusted_proxies: spec.trusted_proxies.unwrap_or(defaults.trusted_proxies),
+        trusted_proxies: spec.trusted_proxies.unwrap_or(default_trusted),
         excluded_query_parameters: spec
             .excluded_query_parameters
             .unwrap_or(defaults.excluded_query_parameters),
         shutdown_timeout_seconds: Some(shutdown_timeout_seconds(cluster)),
         metrics,
+        signed_urls,
     }
 }
 
@@ -385,17 +479,21 @@ fn metadata(cluster: &CdnCluster, name: String) -> ObjectMeta {
     }
 }
 
-/// The ConfigMap of `cluster`: nginx.conf, the entrypoint, and for a cache the operator's
-/// `purge_keys`, which its sidecar checks purges with (read at each purge: a new key needs no
-/// restart).
+/// The ConfigMap of `cluster`: nginx.conf, the entrypoint, the verifier of signed URLs when it
+/// has them, and for a cache the operator's `purge_keys`, which its sidecar checks purges with
+/// (read at each purge: a new key needs no restart).
 fn config_map(cluster: &CdnCluster, config: String, purge_keys: &str) -> ConfigMap {
+    let signed_urls = cluster.spec.signed_urls.is_some();
     let mut data = BTreeMap::from([
         (CONFIG_KEY.to_string(), config),
         (
             ENTRYPOINT_KEY.to_string(),
-            entrypoint(cluster.spec.tls.is_some()).into_owned(),
+            entrypoint(cluster.spec.tls.is_some(), signed_urls).into_owned(),
         ),
     ]);
+    if signed_urls {
+        data.insert(TOKEN_SCRIPT.into(), TOKEN_SCRIPT_SOURCE.into());
+    }
     if cluster.spec.role == Role::Cache && !purge_keys.is_empty() {
         data.insert(wire::PUBLIC_KEYS_KEY.to_string(), purge_keys.to_string());
     }
@@ -796,6 +894,25 @@ fn deployment(cluster: &CdnCluster, run_as: &RunAs, images: &PodImages) -> Deplo
                         })
                         .into(),
                 ),
+                ..SecretVolumeSource::default()
+            }),
+            ..Volume::default()
+        });
+    }
+
+    if let Some(signed) = cluster.spec.signed_urls.as_deref() {
+        // Every entry of the Secret is a key: the entrypoint reads them all, and follows the
+        // kubelet's updates. The pod starts once the Secret exists.
+        mounts.push(VolumeMount {
+            name: "token-keys".into(),
+            mount_path: TOKEN_KEYS_DIR.into(),
+            read_only: Some(true),
+            ..VolumeMount::default()
+        });
+        volumes.push(Volume {
+            name: "token-keys".into(),
+            secret: Some(SecretVolumeSource {
+                secret_name: Some(signed.secret_name.clone()),
                 ..SecretVolumeSource::default()
             }),
             ..Volume::default()

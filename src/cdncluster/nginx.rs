@@ -9,10 +9,17 @@
 //! HTTPS (`spec.tls`): the server of the routes listens on a TLS port too, so both ports answer
 //! from one set of locations; with `redirect`, plain HTTP gets a server of its own that answers
 //! the probes and redirects everything else.
+//!
+//! Signed URLs (`spec.signedUrls`): njs checks each request's token (`token.js`, beside this file)
+//! before any source is asked; the token is left out of the cache key, the pool's hash and, unless
+//! asked, the request to the sources.
 
 use crate::api::Role;
 use std::fmt::Write;
 
+/// The folder of the pod where the ConfigMap is mounted: nginx.conf, the entrypoint and, with
+/// signed URLs, the verifier.
+pub const CONFIG_DIR: &str = "/etc/nginx/cdn";
 /// The port nginx listens on in the pod: unprivileged, so it runs as non-root.
 pub const LISTEN_PORT: u16 = 8080;
 /// The port nginx serves HTTPS on in the pod, when the spec sets `tls`.
@@ -48,6 +55,25 @@ pub const METRICS_LOG: &str = "cdn-metrics.log";
 /// The unix socket, in the temp folder, where nginx serves its connections' status page to the
 /// metrics sidecar: out of the network's reach.
 pub const STATUS_SOCKET: &str = "nginx-status.sock";
+
+/// Signed URLs: the key of the verifier in the ConfigMap (in [`CONFIG_DIR`] in the pod), and its
+/// source, njs.
+pub const TOKEN_SCRIPT: &str = "token.js";
+pub const TOKEN_SCRIPT_SOURCE: &str = include_str!("token.js");
+/// Where the pod mounts the Secret of the keys of signed URLs: each of its entries a key.
+pub const TOKEN_KEYS_DIR: &str = "/etc/nginx/token-keys";
+/// The file, in the temp folder, where the entrypoint writes the valid keys for nginx to preload
+/// ([`token_keys_json`]).
+pub const TOKEN_KEYS_FILE: &str = "token-keys.json";
+/// The variable holding `ok`, or why the request is refused (the reasons of
+/// [`crate::nginx_metrics::log::Denial`]); `-` in a cluster without signed URLs. The last field of
+/// the metrics log.
+pub const TOKEN_STATUS: &str = "$cdn_token_status";
+/// The zone where the workers remember the tokens whose MAC verified: an HMAC once per token.
+const TOKEN_ZONE: &str = "zone=cdn_tokens:4m timeout=10m evict";
+/// The response headers by which an origin tags its objects for purges (Fastly's and
+/// Cloudflare's names): the tiers read them, viewers have no use for them.
+pub const SURROGATE_HEADERS: [&str; 2] = ["Surrogate-Key", "Cache-Tag"];
 
 /// The file, in the temp folder, where the entrypoint writes nginx's `resolver` directive.
 pub const RESOLVER_FILE: &str = "resolver.conf";
@@ -183,6 +209,8 @@ pub struct Paths {
     pub tls_listen: String,
     pub temp_dir: String,
     pub cache_dir: String,
+    /// Where the ConfigMap's files are: the verifier of signed URLs.
+    pub config_dir: String,
 }
 
 impl Default for Paths {
@@ -192,6 +220,7 @@ impl Default for Paths {
             tls_listen: TLS_LISTEN_PORT.to_string(),
             temp_dir: "/tmp".to_string(),
             cache_dir: "/var/cache/nginx".to_string(),
+            config_dir: CONFIG_DIR.to_string(),
         }
     }
 }
@@ -248,6 +277,17 @@ pub struct HttpTuning {
     /// Each request is counted by the metrics sidecar: a line to [`METRICS_LOG`], and the
     /// status page on [`STATUS_SOCKET`].
     pub metrics: bool,
+    /// Every request but the probes must carry a valid token.
+    pub signed_urls: Option<SignedUrlsTuning>,
+}
+
+/// Signed URLs (`spec.signedUrls`), with defaults applied.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SignedUrlsTuning {
+    /// The query parameter, and the cookie, that carry the token.
+    pub token_name: String,
+    /// The token is sent on to the sources; otherwise it is taken out of their requests.
+    pub forward_token: bool,
 }
 
 impl HttpTuning {
@@ -263,8 +303,24 @@ impl HttpTuning {
             excluded_query_parameters: Vec::new(),
             shutdown_timeout_seconds: None,
             metrics: false,
+            signed_urls: None,
         }
     }
+}
+
+/// The file the entrypoint writes for nginx to preload ([`TOKEN_KEYS_FILE`]): the valid keys
+/// (hex) and a version that changes with them, which the verifier's memory of good tokens is
+/// keyed by. For the tests, which run nginx without the entrypoint: the same shape, another
+/// version.
+pub fn token_keys_json(keys: &[&str]) -> String {
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(keys.join(" ").as_bytes());
+    let version: String = digest[..4].iter().map(|b| format!("{b:02x}")).collect();
+    let keys: Vec<String> = keys.iter().map(|k| format!("\"{k}\"")).collect();
+    format!(
+        "{{\"version\":\"{version}\",\"keys\":[{}]}}\n",
+        keys.join(",")
+    )
 }
 
 /// Bytes of nginx's size syntax (`1g`, `512m`, `64k`, `1000`); `None` when it is not one.
@@ -319,12 +375,25 @@ pub fn render(
         .shutdown_timeout_seconds
         .map(|s| format!("worker_shutdown_timeout {s}s;\n"))
         .unwrap_or_default();
+    let signed = http.signed_urls.as_ref();
+    // njs, for the verifier of signed URLs; only where it is needed.
+    let js_module = if signed.is_some() {
+        "# Signed URLs: the tokens are checked by njs.\nload_module modules/ngx_http_js_module.so;\n"
+    } else {
+        ""
+    };
+    let token_log = if signed.is_some() {
+        format!(" token={TOKEN_STATUS}")
+    } else {
+        String::new()
+    };
     // Infallible: writing to a String.
     let _ = write!(
         c,
         "# nginx configuration of {title} (role {role}), generated by cdn-operator.\n\
          # Do not edit: the operator puts back what it generated.\n\
          worker_processes auto;\n\
+         {js_module}\
          {shutdown}\
          pid {tmp}/nginx.pid;\n\
          error_log stderr notice;\n\
@@ -334,7 +403,7 @@ pub fn render(
          http {{\n\
          \x20   default_type application/octet-stream;\n\
          \x20   log_format cdn '$remote_addr - [$time_local] \"$request\" $status $body_bytes_sent '\n\
-         \x20                  '\"$http_user_agent\" rt=$request_time cache=$upstream_cache_status upstream=$upstream_addr';\n\
+         \x20                  '\"$http_user_agent\" rt=$request_time cache=$upstream_cache_status upstream=$upstream_addr{token_log}';\n\
          {access_log}\
          \x20   server_tokens off;\n\
          \x20   sendfile on;\n\
@@ -370,7 +439,29 @@ pub fn render(
         let _ = writeln!(c, "    include {tmp}/{RESOLVER_FILE};");
     }
     write_forwarding(&mut c, &http.trusted_proxies);
-    write_key_args(&mut c, &http.excluded_query_parameters);
+    // A token is never part of an object's identity; it is matched in any case, as nginx reads
+    // it.
+    let mut excluded: Vec<(&str, bool)> = http
+        .excluded_query_parameters
+        .iter()
+        .map(|p| (p.as_str(), false))
+        .collect();
+    if let Some(signed) = signed {
+        excluded.retain(|(p, _)| *p != signed.token_name);
+        excluded.push((&signed.token_name, true));
+    }
+    write_key_args(&mut c, &excluded);
+    match signed {
+        Some(signed) => write_signed_urls(&mut c, signed, paths),
+        // The metrics log has the field in every cluster: the sidecar reads one format.
+        None if http.metrics => {
+            let _ = writeln!(
+                c,
+                "    # No signed URLs: no token status.\n    map \"\" {TOKEN_STATUS} {{\n        default \"-\";\n    }}"
+            );
+        }
+        None => {}
+    }
 
     let pools = pools(upstreams);
     for pool in &pools {
@@ -475,6 +566,16 @@ pub fn render(
         write_tls(&mut c, &paths.tls_listen);
     }
     c.push_str("\n        proxy_http_version 1.1;\n");
+    if role == Role::Balancer || signed.is_some() {
+        // An origin's purge tags stay inside the CDN: read by the caches, which keep them with
+        // their objects for the tiers in front, never shown to a viewer.
+        c.push_str(
+            "        # The origin's purge tags (surrogate keys) are the CDN's, not the viewers'.\n",
+        );
+        for header in SURROGATE_HEADERS {
+            let _ = writeln!(c, "        proxy_hide_header {header};");
+        }
+    }
     if role == Role::Cache {
         let _ = write!(
             c,
@@ -535,7 +636,7 @@ pub fn render(
                 pool,
                 &cache.valid,
                 cache,
-                http.metrics,
+                http,
                 "            "
             ),
         );
@@ -545,7 +646,7 @@ pub fn render(
                     c,
                     "\n            # lifetime rule\n            location ~ \"{rule}\" {{\n{body}            }}\n",
                     rule = quote(rule),
-                    body = proxy(role, upstreams, pool, valid, cache, http.metrics, "                "),
+                    body = proxy(role, upstreams, pool, valid, cache, http, "                "),
                 );
             }
         }
@@ -554,7 +655,8 @@ pub fn render(
     if default.is_none() {
         let _ = write!(
             c,
-            "\n        # no default source: paths no source matches are not found\n        location / {{\n            return 404;\n        }}\n"
+            "\n        # no default source: paths no source matches are not found\n        location / {{\n{check}            return 404;\n        }}\n",
+            check = if signed.is_some() { token_check("            ") } else { String::new() },
         );
     }
     c.push_str("    }\n}\n");
@@ -599,13 +701,24 @@ fn write_tls(c: &mut String, listen: &str) {
     );
 }
 
-/// The X-Forwarded-* headers sent upstream: from a trusted peer (a tier in front of this one),
-/// its X-Forwarded-For with the peer appended and its X-Forwarded-Proto; from any other peer,
-/// the peer's address and this hop's scheme alone, so a client cannot forge them.
+/// The viewer's address and the X-Forwarded-* headers sent upstream. nginx's realip module makes
+/// `$remote_addr` the viewer as the trusted proxies in front report it (X-Forwarded-For, read
+/// from the right, past every trusted address), `$realip_remote_addr` staying the peer: what
+/// the access log says and what a token bound to an address is checked against. Upstream: from a
+/// trusted peer (a tier in front of this one), its X-Forwarded-For with the peer appended and its
+/// X-Forwarded-Proto; from any other peer, the peer's address and this hop's scheme alone, so a
+/// client cannot forge them.
 fn write_forwarding(c: &mut String, trusted: &[String]) {
+    if !trusted.is_empty() {
+        c.push_str("\n    # The viewer, as the trusted proxies in front report it.\n");
+        for range in trusted {
+            let _ = writeln!(c, "    set_real_ip_from {range};");
+        }
+        c.push_str("    real_ip_header X-Forwarded-For;\n    real_ip_recursive on;\n");
+    }
     let _ = write!(
         c,
-        "\n    # 1 when the peer is a trusted proxy.\n    geo $cdn_trusted_peer {{\n        default 0;\n"
+        "\n    # 1 when the peer is a trusted proxy.\n    geo $realip_remote_addr $cdn_trusted_peer {{\n        default 0;\n"
     );
     for range in trusted {
         let _ = writeln!(c, "        {range} 1;");
@@ -614,8 +727,8 @@ fn write_forwarding(c: &mut String, trusted: &[String]) {
         c,
         "    }}\n\
          \x20   map \"$cdn_trusted_peer$http_x_forwarded_for\" {FORWARDED_FOR} {{\n\
-         \x20       \"~^1(?<cdn_xff>.+)$\" \"$cdn_xff, $remote_addr\";\n\
-         \x20       default $remote_addr;\n\
+         \x20       \"~^1(?<cdn_xff>.+)$\" \"$cdn_xff, $realip_remote_addr\";\n\
+         \x20       default $realip_remote_addr;\n\
          \x20   }}\n\
          \x20   map \"$cdn_trusted_peer$http_x_forwarded_proto\" {FORWARDED_PROTO} {{\n\
          \x20       \"~^1(?<cdn_xfp>https?)$\" $cdn_xfp;\n\
@@ -624,9 +737,69 @@ fn write_forwarding(c: &mut String, trusted: &[String]) {
     );
 }
 
+/// Signed URLs: the token (`$cdn_token`, the parameter else the cookie), the verifier and its
+/// keys, `$cdn_token_status`; unless the token goes on to the sources, the query and cookies they
+/// get without it. Parameter and cookie names are matched as nginx's `$arg_` and `$cookie_` match
+/// them: in any case.
+fn write_signed_urls(c: &mut String, signed: &SignedUrlsTuning, paths: &Paths) {
+    let name = &signed.token_name;
+    let pattern = quote(&regex_literal(name));
+    let _ = write!(
+        c,
+        "    # Signed URLs (spec.signedUrls): the token, from the parameter {name}, else the cookie.\n\
+         \x20   map $arg_{name} $cdn_token {{\n\
+         \x20       \"\" $cookie_{name};\n\
+         \x20       default $arg_{name};\n\
+         \x20   }}\n\
+         \x20   # The verifier (njs), with the keys the entrypoint found in the Secret, and the tokens\n\
+         \x20   # it verified already, which the workers share.\n\
+         \x20   js_import cdn_token from {config}/{TOKEN_SCRIPT};\n\
+         \x20   js_preload_object cdn_token_keys from {tmp}/{TOKEN_KEYS_FILE};\n\
+         \x20   js_shared_dict_zone {TOKEN_ZONE};\n\
+         \x20   # ok, or why the request is refused.\n\
+         \x20   js_set {TOKEN_STATUS} cdn_token.verify;\n",
+        config = paths.config_dir,
+        tmp = paths.temp_dir,
+    );
+    if signed.forward_token {
+        return;
+    }
+    let _ = write!(
+        c,
+        "    # The sources get the request without the token: the parameter taken out of the query\n\
+         \x20   # (when it is there: the path is then sent as nginx normalized it), the cookie out of Cookie.\n\
+         \x20   map $args $cdn_token_in_args {{\n\
+         \x20       \"~*(?:^|&){pattern}(?:=|&|$)\" 1;\n\
+         \x20       default \"\";\n\
+         \x20   }}\n\
+         \x20   map $args $cdn_origin_args_0 {{\n\
+         \x20       \"~*^(?<cdn_args_before>.*?)(?:^|&){pattern}(?:=[^&]*)?(?<cdn_args_after>&.*)?$\" \"$cdn_args_before$cdn_args_after\";\n\
+         \x20       default $args;\n\
+         \x20   }}\n\
+         \x20   map $cdn_origin_args_0 $cdn_origin_args {{\n\
+         \x20       \"~^&(?<cdn_args_rest>.*)$\" $cdn_args_rest;\n\
+         \x20       default $cdn_origin_args_0;\n\
+         \x20   }}\n\
+         \x20   map $http_cookie $cdn_origin_cookie_0 {{\n\
+         \x20       \"~*^(?<cdn_cookie_before>.*?)(?:^|;\\s*){pattern}=[^;]*(?<cdn_cookie_after>.*)$\" \"$cdn_cookie_before$cdn_cookie_after\";\n\
+         \x20       default $http_cookie;\n\
+         \x20   }}\n\
+         \x20   map $cdn_origin_cookie_0 $cdn_origin_cookie {{\n\
+         \x20       \"~^;\\s*(?<cdn_cookie_rest>.*)$\" $cdn_cookie_rest;\n\
+         \x20       default $cdn_origin_cookie_0;\n\
+         \x20   }}\n"
+    );
+}
+
+/// The refusal of a request whose token is not good, indented by `pad`: before any source is
+/// asked, in every location that could ask one (a nested location runs none of its parent's).
+fn token_check(pad: &str) -> String {
+    format!("{pad}if ({TOKEN_STATUS} != ok) {{\n{pad}    return 403;\n{pad}}}\n")
+}
+
 /// `$cdn_key_args`: `?` and the query without the excluded parameters, or empty. Each map takes
 /// out the first occurrence of one parameter, with or without a value.
-fn write_key_args(c: &mut String, excluded: &[String]) {
+fn write_key_args(c: &mut String, excluded: &[(&str, bool)]) {
     let _ = writeln!(
         c,
         "    # The query that identifies an object{}.",
@@ -637,7 +810,7 @@ fn write_key_args(c: &mut String, excluded: &[String]) {
                 ", without {}",
                 excluded
                     .iter()
-                    .map(|p| comment(p))
+                    .map(|(p, _)| comment(p))
                     .collect::<Vec<_>>()
                     .join(", ")
             )
@@ -647,12 +820,13 @@ fn write_key_args(c: &mut String, excluded: &[String]) {
         c,
         "    map $args $cdn_args_0 {{\n        default \"&$args\";\n    }}"
     );
-    for (i, name) in excluded.iter().enumerate() {
+    for (i, (name, any_case)) in excluded.iter().enumerate() {
         let escaped = regex_literal(name);
         let n = i + 1;
+        let case = if *any_case { "*" } else { "" };
         let _ = writeln!(
             c,
-            "    map $cdn_args_{i} $cdn_args_{n} {{\n        \"~^(?<cdn_before_{n}>.*?)&{escaped}(?:=[^&]*)?(?<cdn_after_{n}>&.*)?$\" \"$cdn_before_{n}$cdn_after_{n}\";\n        default $cdn_args_{i};\n    }}",
+            "    map $cdn_args_{i} $cdn_args_{n} {{\n        \"~{case}^(?<cdn_before_{n}>.*?)&{escaped}(?:=[^&]*)?(?<cdn_after_{n}>&.*)?$\" \"$cdn_before_{n}$cdn_after_{n}\";\n        default $cdn_args_{i};\n    }}",
             escaped = quote(&escaped),
         );
     }
@@ -741,7 +915,7 @@ fn proxy(
     pool: &[usize],
     valid: &str,
     cache: &CacheTuning,
-    metrics: bool,
+    http: &HttpTuning,
     pad: &str,
 ) -> String {
     let i = pool[0];
@@ -752,18 +926,30 @@ fn proxy(
         .as_deref()
         .map(quote)
         .unwrap_or_else(|| "$host".to_string());
+    if http.metrics {
+        let _ = writeln!(
+            b,
+            "{pad}set $cdn_source \"{} {}\";",
+            source_kind(upstreams, pool),
+            quote(&names(upstreams, pool).join("+"))
+        );
+    }
+    let strip_token = http.signed_urls.as_ref().is_some_and(|s| !s.forward_token);
+    if http.signed_urls.is_some() {
+        b.push_str(&token_check(pad));
+        if strip_token {
+            // Only then: setting $args sends the path as nginx decoded and normalized it.
+            let _ = writeln!(
+                b,
+                "{pad}if ($cdn_token_in_args) {{\n{pad}    set $args $cdn_origin_args;\n{pad}}}"
+            );
+        }
+    }
     let mut line = |text: &str| {
         b.push_str(pad);
         b.push_str(text);
         b.push('\n');
     };
-    if metrics {
-        line(&format!(
-            "set $cdn_source \"{} {}\";",
-            source_kind(upstreams, pool),
-            quote(&names(upstreams, pool).join("+"))
-        ));
-    }
     line(&format!("proxy_set_header Host \"{host}\";"));
     line("proxy_set_header Connection \"\";");
     line(&format!(
@@ -772,6 +958,9 @@ fn proxy(
     line(&format!(
         "proxy_set_header X-Forwarded-Proto {FORWARDED_PROTO};"
     ));
+    if strip_token {
+        line("proxy_set_header Cookie $cdn_origin_cookie;");
+    }
     if role == Role::Cache {
         line("proxy_set_header Range $slice_range;");
         line(&format!("proxy_cache_valid 200 206 301 302 {valid};"));

@@ -6,7 +6,7 @@ use super::sources::{self, Problem};
 use super::status::{self, Observed};
 use crate::api::{
     CacheRule, CacheSpec, CdnCluster, CdnClusterSpec, CdnClusterStatus, HttpSpec, Origin, Role,
-    ServiceOrigin, Source, State, TlsSpec,
+    ServiceOrigin, SignedUrls, Source, State, TlsSpec,
 };
 use crate::kubernetes::restricted::RunAs;
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentStatus};
@@ -774,20 +774,37 @@ fn excluded_query_parameters_leave_the_key_and_the_hash() {
 
 #[test]
 fn only_trusted_proxies_forward_a_client_address() {
+    // The peer, not the viewer realip makes $remote_addr.
     let geo = |conf: &str| {
-        let start = conf.find("geo $cdn_trusted_peer {").unwrap();
+        let start = conf
+            .find("geo $realip_remote_addr $cdn_trusted_peer {")
+            .unwrap();
         conf[start..start + conf[start..].find('}').unwrap()].to_string()
     };
     // The balancer is the edge: it trusts no one by default; a cache trusts the private ranges.
     let all = seed();
+    let edge = conf_of(&all[0], &all);
     assert_eq!(
-        geo(&conf_of(&all[0], &all)),
-        "geo $cdn_trusted_peer {\n        default 0;\n    "
+        geo(&edge),
+        "geo $realip_remote_addr $cdn_trusted_peer {\n        default 0;\n    "
     );
-    let cache = geo(&conf_of(&all[1], &all));
+    assert!(!edge.contains("real_ip"), "{edge}");
+    let cache_conf = conf_of(&all[1], &all);
+    let cache = geo(&cache_conf);
     for range in nginx::PRIVATE_RANGES {
         assert!(cache.contains(&format!("        {range} 1;\n")), "{cache}");
+        // The same peers report the viewer.
+        assert!(cache_conf.contains(&format!("    set_real_ip_from {range};\n")));
     }
+    assert!(cache_conf.contains("    real_ip_header X-Forwarded-For;\n    real_ip_recursive on;\n"));
+    // What goes upstream is the peer's view as before: the header it sent, the peer appended.
+    assert!(cache_conf.contains("\"~^1(?<cdn_xff>.+)$\" \"$cdn_xff, $realip_remote_addr\";"));
+    // A cache that viewers reach (spec.service) trusts no one by default.
+    let mut exposed = all[1].clone();
+    exposed.spec.service = Some(Box::default());
+    let exposed = conf_of(&exposed, &all);
+    assert!(geo(&exposed).ends_with("default 0;\n    "), "{exposed}");
+    assert!(!exposed.contains("real_ip"), "{exposed}");
     let mut edge_cache = all[1].clone();
     edge_cache.spec.http = Some(Box::new(HttpSpec {
         trusted_proxies: Some(vec!["203.0.113.0/24".into(), "2001:db8::1".into()]),
@@ -1365,7 +1382,7 @@ fn tls_adds_an_https_port_the_secret_read_only_and_a_certificate_watch() {
 
     // The entrypoint also reloads nginx when the certificate or key changes.
     let data = children.config_map.data.as_ref().unwrap();
-    assert_eq!(data[ENTRYPOINT_KEY], build::entrypoint(true));
+    assert_eq!(data[ENTRYPOINT_KEY], build::entrypoint(true, false));
     assert_ne!(data[ENTRYPOINT_KEY], ENTRYPOINT);
     let conf = &data[CONFIG_KEY];
     for line in [
@@ -1425,8 +1442,8 @@ fn a_cluster_with_tls_and_no_source_still_has_a_resolver_for_ocsp() {
 
 #[test]
 fn the_tls_entrypoint_differs_only_in_what_its_watcher_checksums() {
-    assert_eq!(build::entrypoint(false), ENTRYPOINT);
-    let tls = build::entrypoint(true);
+    assert_eq!(build::entrypoint(false, false), ENTRYPOINT);
+    let tls = build::entrypoint(true, false);
     assert_eq!(
         tls.matches("cksum \"$conf\" \"$tls_cert\" \"$tls_key\"")
             .count(),
@@ -1718,4 +1735,210 @@ fn only_the_deletion_of_a_pod_with_a_problem_reconciles() {
     assert!(super::tells(&Event::Delete(PodSummary::of(&leaving))));
     assert!(!super::tells(&Event::Delete(PodSummary::of(&fine))));
     assert!(super::tells(&Event::Apply(PodSummary::of(&fine))));
+}
+
+fn with_signed_urls(
+    mut c: CdnCluster,
+    token_name: Option<&str>,
+    forward_token: bool,
+) -> CdnCluster {
+    c.spec.signed_urls = Some(Box::new(SignedUrls {
+        secret_name: "edge-token-keys".into(),
+        token_name: token_name.map(Into::into),
+        forward_token,
+    }));
+    c
+}
+
+#[test]
+fn signed_urls_check_every_route_before_any_source_and_keep_the_token_out_of_key_and_origin() {
+    let all = seed();
+    let edge = with_signed_urls(all[0].clone(), None, false);
+    let conf = conf_of(&edge, &all);
+    // njs, loaded before anything uses it; the verifier from the ConfigMap, the keys the
+    // entrypoint wrote, the shared memory of verified tokens.
+    assert!(conf.contains("worker_processes auto;\n# Signed URLs: the tokens are checked by njs.\nload_module modules/ngx_http_js_module.so;\n"));
+    for line in [
+        "    map $arg___token__ $cdn_token {\n        \"\" $cookie___token__;\n        default $arg___token__;\n    }\n",
+        "    js_import cdn_token from /etc/nginx/cdn/token.js;\n",
+        "    js_preload_object cdn_token_keys from /tmp/token-keys.json;\n",
+        "    js_shared_dict_zone zone=cdn_tokens:4m timeout=10m evict;\n",
+        "    js_set $cdn_token_status cdn_token.verify;\n",
+    ] {
+        assert!(conf.contains(line), "{line:?} in\n{conf}");
+    }
+    // Every location that asks a source refuses first, and the one for paths no source has too
+    // (the seed's balancer has no default); the probes need no token.
+    let checks = conf
+        .matches("if ($cdn_token_status != ok) {\n                return 403;\n")
+        .count();
+    assert_eq!(checks, conf.matches("proxy_pass ").count() + 1, "{conf}");
+    let health = &conf[conf.find("location = /healthz").unwrap()..];
+    assert!(!health[..health.find('}').unwrap()].contains("cdn_token"));
+    // The check comes before anything else of the location.
+    for location in conf.split("location ~ ").skip(1) {
+        let body = location.split_once("{\n").unwrap().1.trim_start();
+        assert!(
+            body.starts_with("if ($cdn_token_status != ok) {"),
+            "{location}"
+        );
+    }
+    // Not in the key, not in the request to the sources, in any case.
+    assert!(conf.contains("\"~*^(?<cdn_before_1>.*?)&__token__(?:=[^&]*)?(?<cdn_after_1>&.*)?$\""));
+    assert_eq!(
+        conf.matches("                set $args $cdn_origin_args;\n")
+            .count(),
+        2
+    );
+    assert_eq!(
+        conf.matches("proxy_set_header Cookie $cdn_origin_cookie;")
+            .count(),
+        2
+    );
+    // The viewer's address is the peer's: no proxy believed by default.
+    assert!(!conf.contains("set_real_ip_from"));
+    assert!(conf.contains("log_format cdn ") && conf.contains(" token=$cdn_token_status';"));
+
+    // A cache with signed URLs trusts no proxy by default either, and hides the purge tags.
+    let cache = with_signed_urls(all[1].clone(), Some("t"), true);
+    let cache_conf = conf_of(&cache, &all);
+    assert!(!cache_conf.contains("set_real_ip_from"), "{cache_conf}");
+    assert!(cache_conf.contains("    map $arg_t $cdn_token {\n        \"\" $cookie_t;\n"));
+    // forwardToken: the token goes on to the source, still out of the key.
+    assert!(!cache_conf.contains("$cdn_origin_args") && !cache_conf.contains("Cookie $cdn_origin"));
+    assert!(cache_conf.contains("&t(?:=[^&]*)?"));
+    for header in nginx::SURROGATE_HEADERS {
+        assert!(cache_conf.contains(&format!("        proxy_hide_header {header};\n")));
+    }
+    // An excluded parameter of the same name is one map, not two.
+    let mut both = edge.clone();
+    both.spec.http = Some(Box::new(HttpSpec {
+        excluded_query_parameters: Some(vec!["__token__".into(), "session".into()]),
+        ..HttpSpec::default()
+    }));
+    let both = conf_of(&both, &all);
+    assert_eq!(both.matches("__token__(?:=[^&]*)?(?<cdn_after").count(), 1);
+    assert!(both.contains("# The query that identifies an object, without session, __token__."));
+}
+
+#[test]
+fn without_signed_urls_nothing_of_them_but_the_metrics_field() {
+    let all = seed();
+    let conf = conf_of(&all[1], &all);
+    for absent in [
+        "js_",
+        "load_module",
+        "cdn_token",
+        "cdn_origin",
+        "return 403",
+    ] {
+        assert!(!conf.contains(absent), "{absent} in\n{conf}");
+    }
+    // A plain cache keeps the purge tags (the tiers in front read them); a balancer hides them.
+    assert!(!conf.contains("Surrogate-Key"));
+    let edge = conf_of(&all[0], &all);
+    assert!(edge.contains(
+        "        proxy_hide_header Surrogate-Key;\n        proxy_hide_header Cache-Tag;\n"
+    ));
+    // With metrics, the log's last field is `-`.
+    let ups = sources::resolve(&all[1], world(&all), sources::DEFAULT_CLUSTER_DOMAIN).unwrap();
+    let counted = build::config(&all[1], &ups, &Paths::default(), true);
+    assert!(counted.contains("    map \"\" $cdn_token_status {\n        default \"-\";\n    }\n"));
+    assert!(
+        counted.contains("\\t$cdn_source\\t$cdn_token_status\";"),
+        "{counted}"
+    );
+    let signed = with_signed_urls(
+        cluster(
+            "c",
+            Role::Cache,
+            vec![Source::service("s", "store", 80, None)],
+        ),
+        None,
+        false,
+    );
+    let ups = sources::resolve(&signed, world(&[]), sources::DEFAULT_CLUSTER_DOMAIN).unwrap();
+    let counted = build::config(&signed, &ups, &Paths::default(), true);
+    assert!(!counted.contains("map \"\" $cdn_token_status"));
+    // The metrics' source is set first, so a refusal counts for its route.
+    assert!(
+        counted.contains(
+            "            set $cdn_source \"origin s\";\n            if ($cdn_token_status != ok) {"
+        ),
+        "{counted}"
+    );
+}
+
+#[test]
+fn signed_urls_ship_the_verifier_mount_the_keys_and_watch_them() {
+    let all = seed();
+    let edge = with_signed_urls(all[0].clone(), None, false);
+    let ups = sources::resolve(&edge, world(&all), sources::DEFAULT_CLUSTER_DOMAIN).unwrap();
+    let children = build::children(&edge, &ups, &RunAs::default(), &Default::default());
+    let data = children.config_map.data.as_ref().unwrap();
+    assert_eq!(data[nginx::TOKEN_SCRIPT], nginx::TOKEN_SCRIPT_SOURCE);
+    assert_eq!(data[ENTRYPOINT_KEY], build::entrypoint(false, true));
+    let pod = children.deployment.spec.unwrap().template.spec.unwrap();
+    let mount = pod.containers[0]
+        .volume_mounts
+        .as_ref()
+        .unwrap()
+        .iter()
+        .find(|m| m.mount_path == nginx::TOKEN_KEYS_DIR)
+        .unwrap();
+    assert_eq!(mount.read_only, Some(true));
+    let volume = pod
+        .volumes
+        .as_ref()
+        .unwrap()
+        .iter()
+        .find(|v| v.name == mount.name)
+        .unwrap();
+    let secret = volume.secret.as_ref().unwrap();
+    assert_eq!(secret.secret_name.as_deref(), Some("edge-token-keys"));
+    // Every entry, however named; a missing Secret keeps the pod from starting.
+    assert_eq!((secret.items.as_ref(), secret.optional), (None, None));
+    // Without signed URLs: no verifier, no keys.
+    let plain = build::children(&all[0], &ups, &RunAs::default(), &Default::default());
+    assert_eq!(plain.config_map.data.as_ref().unwrap().len(), 2);
+    let plain_pod = plain.deployment.spec.unwrap().template.spec.unwrap();
+    assert!(plain_pod
+        .volumes
+        .unwrap()
+        .iter()
+        .all(|v| v.secret.is_none()));
+}
+
+#[test]
+fn the_signed_urls_entrypoint_writes_the_keys_then_watches_them_with_the_rest() {
+    let signed = build::entrypoint(false, true);
+    let both = build::entrypoint(true, true);
+    for script in [&signed, &both] {
+        assert!(
+            script.contains("\nkeys_dir=/etc/nginx/token-keys\nscript=/etc/nginx/cdn/token.js\n")
+        );
+        assert!(script.contains("> /tmp/token-keys.json\n}\nwrite_keys\n"));
+        assert!(script.contains("applied=$(watched)"));
+        assert!(script.contains("now=$(watched) || continue"));
+        assert!(script.contains("write_keys\n            kill -HUP \"$nginx\""));
+        assert!(!script.contains("cksum < "));
+    }
+    assert!(signed.contains(
+        "    cksum \"$conf\" || return\n    cksum \"$script\" \"$keys_dir\"/* 2>/dev/null || :\n"
+    ));
+    assert!(signed.contains("$conf or the token keys changed: reloading nginx"));
+    assert!(both.contains("    cksum \"$conf\" \"$tls_cert\" \"$tls_key\" || return\n"));
+    assert!(both.contains("$conf, the TLS certificate, or the token keys changed: reloading nginx"));
+    // The rest is the plain script's, but the two checksums and the message.
+    let start = signed.find("# Signed URLs:").unwrap();
+    let end = signed.find("# nginx looks its sources up").unwrap();
+    let rest = format!("{}{}", &signed[..start], &signed[end..])
+        .replace("write_keys\n            kill -HUP", "kill -HUP");
+    assert_eq!(rest.lines().count(), ENTRYPOINT.lines().count());
+    let changed = ENTRYPOINT
+        .lines()
+        .zip(rest.lines())
+        .filter(|(plain, signed)| plain != signed)
+        .count();
+    assert_eq!(changed, 3, "{rest}");
 }

@@ -9,6 +9,7 @@ pub mod graph;
 pub mod manifests;
 pub mod release_finalizers;
 pub mod render;
+pub mod sign_url;
 
 /// The objects skipped in the input, one line each on stderr.
 /// Runs `work` with a client of the cluster `kubeconfig` names, on a runtime of its own (the

@@ -5,9 +5,61 @@
 /// request that asked for it is counted once, by its own line. `$cdn_source` is set by each
 /// location: the kind of its pool, a space, its sources' names. The upstream variables list one
 /// value per attempt, separated by `, ` (and ` : ` after an internal redirect).
+/// `$cdn_token_status`, the last field, is what the verifier of signed URLs said (`ok` or why it
+/// refused), `-` in a cluster without them; nginx of an older release writes lines without it,
+/// which read as `-`: a pod's log holds both kinds across an upgrade.
 pub const FORMAT: &str = "$request_length\\t$status\\t$upstream_cache_status\\t$bytes_sent\\t\
 $upstream_status\\t$upstream_header_time\\t$upstream_response_time\\t$upstream_bytes_received\\t\
-$cdn_source";
+$cdn_source\\t$cdn_token_status";
+
+/// Why a request with signed URLs was refused (a 403), as the verifier says it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Denial {
+    /// No token, in the parameter or the cookie.
+    Missing,
+    /// Not a token of the expected format.
+    Malformed,
+    /// Past its expiry, or before its start.
+    Expired,
+    /// Its MAC verifies with no key: tampered with, or signed with an unknown key.
+    Invalid,
+    /// Its ACL does not cover the request's path.
+    Path,
+    /// Bound to another address than the viewer's.
+    Address,
+}
+
+impl Denial {
+    pub const ALL: [Denial; 6] = [
+        Denial::Missing,
+        Denial::Malformed,
+        Denial::Expired,
+        Denial::Invalid,
+        Denial::Path,
+        Denial::Address,
+    ];
+
+    /// Its place in [`Denial::ALL`].
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Denial::Missing => "missing",
+            Denial::Malformed => "malformed",
+            Denial::Expired => "expired",
+            Denial::Invalid => "invalid",
+            Denial::Path => "path",
+            Denial::Address => "address",
+        }
+    }
+
+    /// The verifier's word for it; `None` for `ok`, `-` (no check) or anything else.
+    fn parse(value: &str) -> Option<Denial> {
+        Denial::ALL.into_iter().find(|d| d.as_str() == value)
+    }
+}
 
 /// What nginx's `$upstream_cache_status` says of a response; [`CacheStatus::None`] when no cache
 /// took part (a balancer, or a response nginx made itself).
@@ -117,6 +169,9 @@ pub struct Line<'a> {
     pub bytes_sent: u64,
     /// `$cdn_source` whole: the kind, a space, the pool's sources' names.
     pub source: &'a str,
+    /// Why the verifier of signed URLs refused the request; `None` when it did not (no check,
+    /// a good token, or a line without the field).
+    pub denial: Option<Denial>,
     /// The upstream variables, one value per attempt each: status, header time, response time,
     /// bytes received.
     upstream: [&'a str; 4],
@@ -145,6 +200,8 @@ pub fn parse(line: &[u8]) -> Option<Line<'_>> {
     let bytes_sent = number(next()?)?;
     let upstream = [next()?, next()?, next()?, next()?];
     let source = next()?;
+    // Absent from an older nginx's lines.
+    let token = next();
     if next().is_some() || !(100..600).contains(&status) {
         return None;
     }
@@ -154,6 +211,7 @@ pub fn parse(line: &[u8]) -> Option<Line<'_>> {
         cache_status,
         bytes_sent,
         source,
+        denial: token.and_then(Denial::parse),
         upstream,
     })
 }
@@ -288,6 +346,32 @@ mod tests {
     }
 
     #[test]
+    fn lines_with_and_without_the_token_field_are_read_alike() {
+        // An upgrade: the old nginx's lines end at the source, the new one's have the field.
+        let old = String::from("84\t200\tHIT\t3500\t-\t-\t-\t-\torigin origin-a");
+        let new = format!("{old}\t-");
+        let (old, new) = (
+            parse(old.as_bytes()).unwrap(),
+            parse(new.as_bytes()).unwrap(),
+        );
+        assert_eq!(old, new);
+        assert_eq!(new.denial, None);
+        let ok = String::from("84\t200\tHIT\t3500\t-\t-\t-\t-\torigin origin-a\tok");
+        assert_eq!(parse(ok.as_bytes()).unwrap().denial, None);
+        for denial in Denial::ALL {
+            let text = format!(
+                "84\t403\t-\t300\t-\t-\t-\t-\torigin origin-a\t{}",
+                denial.as_str()
+            );
+            let line = parse(text.as_bytes()).unwrap();
+            assert_eq!((line.status, line.denial), (403, Some(denial)), "{text}");
+        }
+        // A word of a later verifier: the line counts, the denial does not.
+        let unknown = String::from("84\t403\t-\t300\t-\t-\t-\t-\torigin o\tsomething-new");
+        assert_eq!(parse(unknown.as_bytes()).unwrap().denial, None);
+    }
+
+    #[test]
     fn a_response_nginx_made_itself_has_no_source() {
         let text = String::from("82\t404\t-\t153\t-\t-\t-\t-\tnone none");
         let parsed = parse(text.as_bytes()).unwrap();
@@ -313,7 +397,7 @@ mod tests {
         for bad in [
             "not a line of the format".to_string(),
             String::from("84\t200\tHIT\t10\t-\t-\t-\t-"),
-            String::from("84\t200\tHIT\t10\t-\t-\t-\t-\torigin a\textra"),
+            String::from("84\t200\tHIT\t10\t-\t-\t-\t-\torigin a\tok\textra"),
             String::from("84\t999\tHIT\t10\t-\t-\t-\t-\torigin a"),
             String::from("84\t200\tHIT\tmany\t-\t-\t-\t-\torigin a"),
         ] {

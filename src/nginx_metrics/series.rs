@@ -2,7 +2,7 @@
 //! and the cache's filesystem. Pure: the lines, the status page and the filesystem's figures are
 //! given; nothing here reads a socket or a file.
 
-use super::log::{CacheStatus, Line, UpstreamError};
+use super::log::{CacheStatus, Denial, Line, UpstreamError};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -52,6 +52,11 @@ struct ErrorLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DenialLabels {
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StateLabels {
     state: &'static str,
 }
@@ -69,6 +74,7 @@ pub struct Series {
     received: Family<BytesLabels, Counter>,
     upstream_seconds: Family<SourceLabels, Histogram>,
     upstream_errors: Family<ErrorLabels, Counter>,
+    token_denials: Family<DenialLabels, Counter>,
     lines: Family<ResultLabels, Counter>,
     connections: Family<StateLabels, Gauge>,
     accepted: Counter,
@@ -104,6 +110,7 @@ impl Series {
             received: Family::default(),
             upstream_seconds: Family::new_with_constructor(|| Histogram::new(UPSTREAM_BUCKETS)),
             upstream_errors: Family::default(),
+            token_denials: Family::default(),
             lines,
             connections: Family::default(),
             accepted: Counter::default(),
@@ -140,6 +147,18 @@ impl Series {
             "upstream_errors",
             "Failed attempts at a source: error (no answer: refused, reset, invalid), timeout, http_5xx (answered 5xx)",
             series.upstream_errors.clone(),
+        );
+        // Every reason from the start, at 0: a rate over a series that appears with its first
+        // refusal would miss that refusal.
+        for denial in Denial::ALL {
+            let _ = series.token_denials.get_or_create(&DenialLabels {
+                reason: denial.as_str(),
+            });
+        }
+        cdn.register(
+            "token_denials",
+            "Client requests refused (403) for their signed URL's token, by reason: missing, malformed, expired, invalid, path, address",
+            series.token_denials.clone(),
         );
         cdn.register(
             "connections",
@@ -290,6 +309,8 @@ pub struct Tally<'a> {
     sources: Vec<(String, Source)>,
     counted: Counter,
     unreadable: Counter,
+    /// The denials by reason, resolved the first time each is seen.
+    denials: [Option<Counter>; Denial::ALL.len()],
 }
 
 impl<'a> Tally<'a> {
@@ -300,12 +321,14 @@ impl<'a> Tally<'a> {
             sources: Vec::new(),
             counted: result("counted"),
             unreadable: result("unreadable"),
+            denials: Default::default(),
         }
     }
 
     /// Adds a line of the metrics log (without its end).
     pub fn add(&mut self, line: &[u8]) {
-        let counted = super::log::parse(line).is_some_and(|line| self.add_line(&line));
+        let counted = super::log::parse(line)
+            .is_some_and(|line| self.add_line(&line) && self.add_denial(&line));
         if counted {
             self.counted.inc();
         } else {
@@ -361,6 +384,25 @@ impl<'a> Tally<'a> {
                     })
                     .inc();
             }
+        }
+        true
+    }
+
+    /// Counts a client request the verifier of signed URLs refused, by its reason. The status
+    /// is checked too: a response nginx made before any check (a redirect to HTTPS) may still
+    /// log what the verifier would have said. Always `true`: the line is counted either way.
+    fn add_denial(&mut self, line: &Line) -> bool {
+        if let Some(denial) = line.denial.filter(|_| line.main && line.status == 403) {
+            let family = &self.series.token_denials;
+            self.denials[denial.index()]
+                .get_or_insert_with(|| {
+                    family
+                        .get_or_create(&DenialLabels {
+                            reason: denial.as_str(),
+                        })
+                        .clone()
+                })
+                .inc();
         }
         true
     }
@@ -528,6 +570,42 @@ mod tests {
         ] {
             assert_eq!(sample(&text, &name), Some(value), "{name} in\n{text}");
         }
+    }
+
+    #[test]
+    fn refusals_of_signed_urls_are_counted_by_reason_old_lines_and_new_alike() {
+        let series = Series::new(&identity(None));
+        let mut tally = Tally::new(&series);
+        for message in [
+            // A line of the nginx before the upgrade, then the same with the field.
+            "84\t200\t-\t900\t200\t0.001\t0.001\t800\tcdncluster cache",
+            "84\t200\t-\t900\t200\t0.001\t0.001\t800\tcdncluster cache\tok",
+            "84\t403\t-\t300\t-\t-\t-\t-\tcdncluster cache\texpired",
+            "84\t403\t-\t300\t-\t-\t-\t-\tcdncluster cache\texpired",
+            "84\t403\t-\t300\t-\t-\t-\t-\tnone none\tmissing",
+            // A redirect made before any check: not a refusal.
+            "84\t301\t-\t300\t-\t-\t-\t-\tnone none\tmissing",
+            // A 403 of the origin, passed on, the token good.
+            "84\t403\t-\t300\t403\t0.001\t0.001\t200\tcdncluster cache\tok",
+        ] {
+            tally.add(message.as_bytes());
+        }
+        let text = crate::runtime::metrics::to_prometheus_text(&series.encode());
+        let l = r#"cdncluster="cache-a",role="balancer""#;
+        for (reason, value) in [
+            ("expired", Some("2")),
+            ("missing", Some("1")),
+            ("path", Some("0")),
+        ] {
+            let name = format!(r#"cdn_token_denials_total{{{l},reason="{reason}"}}"#);
+            assert_eq!(sample(&text, &name), value, "{name} in\n{text}");
+        }
+        let name = format!(r#"cdn_log_lines_total{{{l},result="counted"}}"#);
+        assert_eq!(sample(&text, &name), Some("7"), "{text}");
+        let name = format!(
+            r#"cdn_requests_total{{{l},source="cache",source_kind="cdncluster",status_class="4xx",cache_status="NONE"}}"#
+        );
+        assert_eq!(sample(&text, &name), Some("3"), "{text}");
     }
 
     #[test]

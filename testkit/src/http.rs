@@ -275,19 +275,6 @@ fn dechunk(mut body: &str) -> String {
     out
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn chunked_bodies_are_decoded() {
-        assert_eq!(
-            dechunk("5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n"),
-            "hello world"
-        );
-    }
-}
-
 /// An HTTP/1.1 client keeping its connection open between requests, as a player does: many
 /// requests a second to one address without a connection each. Bodies are read by their
 /// Content-Length (what nginx sends for cached and static objects).
@@ -373,5 +360,18 @@ impl KeepAlive {
             self.conn = None;
         }
         Response::parse(&raw)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunked_bodies_are_decoded() {
+        assert_eq!(
+            dechunk("5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n"),
+            "hello world"
+        );
     }
 }

@@ -636,5 +636,12 @@ mod tests {
             let flag = format!("--with-http_{module}_module");
             assert!(build.contains(&flag), "no {flag}:\n{build}");
         }
+        // njs, the verifier of signed URLs, loaded as the default image loads it.
+        let njs = root().join("usr/lib/nginx/modules/ngx_http_js_module.so");
+        assert!(
+            njs.is_file(),
+            "no {}: scripts/install-test-deps.sh makes the root again with libnginx-mod-http-js",
+            njs.display()
+        );
     }
 }

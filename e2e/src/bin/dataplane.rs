@@ -36,8 +36,9 @@
 //! (`/site/page.html` from `sites/$host/`), 503 (`/err/*`), `Cache-Control: no-cache`
 //! (`/nocache/*`), 404 (anything missing), live manifests (`/live/*.m3u8`, no Cache-Control nor
 //! Expires), a slow 64 KiB object (`/slow/*`, 128 KiB/s: 0.5 s, so that concurrent misses
-//! overlap), versioned objects (`/pv/*`, files of row 16) and the 1 KiB object tagged by its
-//! path (`/pt/TAG/*`, `Surrogate-Key: TAG`). A hung origin is every process of its sandbox stopped (SIGSTOP), then continued.
+//! overlap), a 1 MiB object (`/mib/*`), versioned objects (`/pv/*`, files of row 16) and the 1 KiB
+//! object tagged by its path (`/pt/TAG/*`, `Surrogate-Key: TAG`). A hung origin is every process
+//! of its sandbox stopped (SIGSTOP), then continued.
 //! A second nginx serves the 1 KiB file directly (static, with the generated configurations'
 //! http settings: workers, sendfile, keepalive, buffered access log) as the throughput limit.
 //!
@@ -50,7 +51,14 @@
 //!    pod's metrics sidecar against without (the topology rendered again with
 //!    `--nginx-metrics-image`: the pods replaced, each sidecar the binary under test in a
 //!    sandbox of its own sharing the pod's emptyDirs, its listen address moved to the pod's),
-//!    off, on, on, off, and what the balancer's sidecar counted of wrk's requests;
+//!    off, on, on, off, and what the balancer's sidecar counted of wrk's requests; (2s) what
+//!    signed URLs cost: req/s of a cached 1 KiB (2s) and 1 MiB (2s-1m) object through balancer
+//!    -> cache, the balancer rendered with `signedUrls` (its pod with the Secret of one key
+//!    mounted, as the kubelet projects it; every request carrying one valid token, which the
+//!    verifier remembers) against without, the same URLs, off, on, on, off, `--wrk-rounds`
+//!    times, the balancer's pod replaced at each switch (the caches keep their objects); (2s-new)
+//!    a new token per request (20,000 tokens in turn, more than the verifier remembers: every
+//!    MAC verified) against the same off runs;
 //! 3. whose body and X-Cache-Status `Host: customer-b` gets after `customer-a` cached the path;
 //! 4. failures of 20 cached segments after 3 quick origin 503s;
 //! 5. failures of 75 cached requests during an origin 503 a second;
@@ -88,7 +96,10 @@
 //! dies).
 
 use cdn_operator::cdncluster::build::{self, CONFIG_KEY, ENTRYPOINT_KEY};
-use cdn_operator::cdncluster::nginx::{CACHE_STATUS_HEADER, SERVICE_PORT_NAME, UPSTREAM_HEADER};
+use cdn_operator::cdncluster::nginx::{
+    CACHE_STATUS_HEADER, SERVICE_PORT_NAME, TOKEN_SCRIPT, UPSTREAM_HEADER,
+};
+use cdn_operator::cli::sign_url;
 use cdn_operator::nginx_cache::wire::{self, Applied, Batch};
 use cdn_operator::purge::signing::Signer;
 use cdn_operator_e2e::operator_binary;
@@ -163,6 +174,11 @@ const METRICS_PORT: u16 = 9113;
 const POD_USER: (u32, u32) = (101, 101);
 /// The large object: 50 MB.
 const BIG: u64 = 50_000_000;
+/// Row 2s: the Secret of the balancer's signed URLs, and its one key.
+const TOKEN_SECRET: &str = "edge-token-keys";
+const TOKEN_KEY: &str = "5d0c1f7a9e3b2d4c6a8f0e1d3c5b7a9f1e2d3c4b5a6978695a4b3c2d1e0f1a2b";
+/// Row 2s-new: the tokens asked in turn, more than the verifier remembers (about 15,000).
+const TOKENS: usize = 20_000;
 /// A range of it: 1 MB.
 const RANGE: u64 = 1_000_000;
 /// The caches' slice (`slice 1m`), and what a slice's response may carry in headers.
@@ -231,6 +247,10 @@ fn main() -> ExitCode {
         only: args.only.clone(),
         has_wrk,
         signer: Signer::generate().0,
+        secrets: BTreeMap::from([(
+            TOKEN_SECRET.to_string(),
+            BTreeMap::from([("key-1".to_string(), format!("{TOKEN_KEY}\n"))]),
+        )]),
     };
     let direct = start_direct(&dir, &setup.www);
 
@@ -302,6 +322,8 @@ struct Setup {
     /// The benchmark's purge key, in the place of the operator's: its public half goes into each
     /// cache pod's ConfigMap, as the operator puts its own there.
     signer: Signer,
+    /// The Secrets the pods mount: name, then file name and content.
+    secrets: BTreeMap<String, BTreeMap<String, String>>,
 }
 
 impl Setup {
@@ -325,6 +347,10 @@ const ROWS: &[(&str, &str, &str)] = &[
     ("2b", "req/s, same object asked of its cache directly / nginx direct", "-"),
     ("2m", "req/s, cached 1 KiB, balancer->cache: metrics sidecars on / off (wrk -t1 -c50)",
         ">= 0.95"),
+    ("2s", "req/s, cached 1 KiB, balancer->cache: signed URLs on / off (one token, wrk -t1 -c50)",
+        ">= 0.90"),
+    ("2s-1m", "req/s, cached 1 MiB, balancer->cache: signed URLs on / off (one token)", ">= 0.90"),
+    ("2s-new", "req/s, cached 1 KiB, a new token per request (every MAC verified) / off", "-"),
     ("3", "cross-host hits: customer-b after customer-a cached the path", "0"),
     ("4", "failed of 20 cached segments after 3 quick origin 503s", "0"),
     ("5", "failed of 75 cached requests during an origin 503 a second (5 s)", "0"),
@@ -412,8 +438,9 @@ struct Desired {
     deployment: Deployment,
 }
 
-/// The topology; `valid`: a `cache.valid` given to both caches (a change of their configuration).
-fn topology(valid: Option<&str>) -> String {
+/// The topology; `valid`: a `cache.valid` given to both caches (a change of their configuration);
+/// `signed`: the balancer with signed URLs.
+fn topology(valid: Option<&str>, signed: bool) -> String {
     let cache = valid
         .map(|v| format!("  cache: {{valid: {v}}}\n"))
         .unwrap_or_default();
@@ -421,6 +448,9 @@ fn topology(valid: Option<&str>) -> String {
         "apiVersion: cluster.anevia.com/v1\nkind: CdnCluster\nmetadata: {name: edge, namespace: default}\n\
          spec:\n  role: balancer\n  sources:\n  - name: cache-1\n  - name: cache-2\n",
     );
+    if signed {
+        yaml.push_str(&format!("  signedUrls: {{secretName: {TOKEN_SECRET}}}\n"));
+    }
     for name in ["cache-1", "cache-2"] {
         yaml.push_str(&format!(
             "---\napiVersion: cluster.anevia.com/v1\nkind: CdnCluster\nmetadata: {{name: {name}, namespace: default}}\n\
@@ -432,16 +462,17 @@ fn topology(valid: Option<&str>) -> String {
 
 /// `binary render -f` of the topology (written to `dir`/`file`): the children of each CdnCluster.
 /// With `metrics`, as an operator given a metrics image renders it: every pod with its metrics
-/// sidecar, of the same binary.
+/// sidecar, of the same binary; with `signed`, the balancer with signed URLs.
 fn render(
     binary: &Path,
     dir: &Path,
     file: &str,
     valid: Option<&str>,
     metrics: bool,
+    signed: bool,
 ) -> Result<BTreeMap<String, Desired>, String> {
     let path = dir.join(file);
-    std::fs::write(&path, topology(valid))
+    std::fs::write(&path, topology(valid, signed))
         .map_err(|e| format!("writing {}: {e}", path.display()))?;
     let mut command = Command::new(binary);
     command.arg("render");
@@ -643,9 +674,19 @@ fn start_pod(
             sandbox = sandbox.empty_dir(&mount.mount_path);
         } else if volume.config_map.is_some() {
             sandbox = sandbox.read_only(&config, &mount.mount_path);
+        } else if let Some(secret) = &volume.secret {
+            // Projected as the kubelet projects a Secret, like a ConfigMap.
+            let name = secret.secret_name.clone().unwrap_or_default();
+            let files = setup
+                .secrets
+                .get(&name)
+                .ok_or_else(|| format!("no Secret {name} in the benchmark"))?;
+            let path = pod_dir.join("secrets").join(&name);
+            project(&path, files, 1).map_err(|e| format!("projecting {}: {e}", path.display()))?;
+            sandbox = sandbox.read_only(&path, &mount.mount_path);
         } else {
             return Err(format!(
-                "volume {} is neither an emptyDir nor the ConfigMap",
+                "volume {} is neither an emptyDir, the ConfigMap nor a Secret",
                 volume.name
             ));
         }
@@ -886,6 +927,7 @@ fn origin_config(www: &Path, dir: &Path, log: &Path) -> String {
          \x20   root {www};\n\
          \x20   location /obj/ {{ rewrite ^ /1k.bin break; }}\n\
          \x20   location /big/ {{ rewrite ^ /50m.bin break; }}\n\
+         \x20   location /mib/ {{ rewrite ^ /1m.bin break; }}\n\
          \x20   location /slow/ {{ limit_rate 128k; rewrite ^ /64k.bin break; }}\n\
          \x20   location /nocache/ {{ add_header Cache-Control no-cache; rewrite ^ /1k.bin break; }}\n\
          \x20   location /err/ {{ return 503 \"origin failure\\n\"; }}\n\
@@ -949,7 +991,7 @@ struct Cdn {
 impl Cdn {
     /// Renders the topology with `binary` and starts the origin and the three pods.
     fn start(setup: &Setup, binary: &Path, dir: &Path) -> Result<Cdn, String> {
-        let desired = render(binary, dir, "topology.yaml", None, false)?;
+        let desired = render(binary, dir, "topology.yaml", None, false, false)?;
         let log = dir.join("origin.access.log");
         std::fs::write(&log, "").map_err(|e| e.to_string())?;
         let conf = origin_config(&setup.www, dir, &log);
@@ -1032,10 +1074,11 @@ impl Cdn {
     /// origin fail (4, 5, 6), a fresh balancer pod.
     fn run_rows(&mut self, setup: &Setup) -> Vec<Figure> {
         type Row = fn(&mut Cdn, &Setup) -> Vec<Figure>;
-        let rows: [(&str, Row, bool); 18] = [
+        let rows: [(&str, Row, bool); 19] = [
             ("1", |c, s| c.row1_connections(s), false),
             ("2", |c, s| c.row2_throughput(s), false),
             ("2m", |c, s| c.row2m_metrics_cost(s), false),
+            ("2s", |c, s| c.row2s_signed_urls(s), false),
             ("3", |c, _| c.row3_hosts(), false),
             ("4", |c, _| c.row4_quick_errors(), true),
             ("5", |c, _| c.row5_steady_errors(), true),
@@ -1247,7 +1290,14 @@ impl Cdn {
         if !setup.has_wrk {
             return not_measured("no wrk".into());
         }
-        let counted = match render(&self.binary, &self.dir, "topology-metrics.yaml", None, true) {
+        let counted = match render(
+            &self.binary,
+            &self.dir,
+            "topology-metrics.yaml",
+            None,
+            true,
+            false,
+        ) {
             Ok(desired) => desired,
             Err(e) => {
                 return not_measured(format!(
@@ -1375,6 +1425,173 @@ impl Cdn {
                 "wrk_seconds": setup.wrk_seconds,
             }),
         )]
+    }
+
+    /// Row 2s: what signed URLs cost on hits. The balancer as rendered, then rendered with
+    /// `signedUrls` (its pod replaced: the Secret's one key mounted, run.sh writing it for nginx),
+    /// off, on, on, off, `--wrk-rounds` times, the caches untouched. Each time: a 1 KiB (2s)
+    /// and a 1 MiB (2s-1m) object, cached, asked by `wrk -t1 -c50` with one valid token (the same
+    /// URLs when off: the token is then a parameter like another); when on, also (2s-new) with a new
+    /// token per request, from a list longer than the verifier remembers. The figures: req/s on
+    /// over off, all runs of a kind summed.
+    fn row2s_signed_urls(&mut self, setup: &Setup) -> Vec<Figure> {
+        let not_measured = |why: String| {
+            ["2s", "2s-1m", "2s-new"]
+                .map(|id| figure(id, format!("not measured: {why}"), None, Value::Null))
+                .into()
+        };
+        if !setup.has_wrk {
+            return not_measured("no wrk".into());
+        }
+        let signed = match render(
+            &self.binary,
+            &self.dir,
+            "topology-signed.yaml",
+            None,
+            false,
+            true,
+        ) {
+            Ok(desired) => desired,
+            Err(e) => return not_measured(first_line(&e).to_string()),
+        };
+        if !signed[PODS[0].0].files.contains_key(TOKEN_SCRIPT) {
+            return not_measured("this binary renders no signed URLs".into());
+        }
+        let key = sign_url::parse_key(TOKEN_KEY).expect("the benchmark's key");
+        let now = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let fields = sign_url::Fields {
+            expires: now + 86_400,
+            acl: vec!["/obj/*".into(), "/mib/*".into()],
+            ..sign_url::Fields::default()
+        };
+        let token = sign_url::token(&key, &fields);
+        let small = format!("/obj/r2s-1k?__token__={token}");
+        let large = format!("/mib/r2s-1m?__token__={token}");
+        // 2s-new: a Lua list of tokens that differ by their session id, asked in turn.
+        let script = self.dir.join("tokens.lua");
+        let mut lua = String::from("local tokens = {\n");
+        for i in 0..TOKENS {
+            let fields = sign_url::Fields {
+                id: Some(format!("viewer-{i}")),
+                ..fields.clone()
+            };
+            lua.push_str(&format!("  \"{}\",\n", sign_url::token(&key, &fields)));
+        }
+        lua.push_str(
+            "}\nlocal i = 0\nrequest = function()\n  i = i % #tokens + 1\n  \
+             return wrk.format(nil, \"/obj/r2s-1k?__token__=\" .. tokens[i])\nend\n",
+        );
+        if let Err(e) = std::fs::write(&script, lua) {
+            return not_measured(format!("writing {}: {e}", script.display()));
+        }
+        let plain = self.desired.clone();
+        let mut errors = Vec::new();
+        // (signed, object, rps, requests); object: 0 = 1 KiB, 1 = 1 MiB, 2 = 1 KiB new tokens.
+        let mut runs: Vec<(bool, usize, f64, u64)> = Vec::new();
+        let order = [false, true, true, false].repeat(setup.wrk_rounds as usize);
+        for &on in &order {
+            let wanted = if on { &signed } else { &plain };
+            if self.desired[PODS[0].0].files != wanted[PODS[0].0].files {
+                let done = self.apply(setup, wanted.clone());
+                if let Some(failed) = done.values().find(|d| d.contains("failed")) {
+                    errors.push(failed.clone());
+                    break;
+                }
+            }
+            for (object, path) in [&small, &large].into_iter().enumerate() {
+                let hit = (0..50).any(|_| {
+                    let hit =
+                        get_once(path).is_ok_and(|r| r.header(CACHE_STATUS_HEADER) == Some("HIT"));
+                    if !hit {
+                        std::thread::sleep(Duration::from_millis(100));
+                    }
+                    hit
+                });
+                if !hit {
+                    errors.push(format!("{path}: no HIT (signed {on})"));
+                }
+                // A first run of each pod, not counted: the first run is slower.
+                if object == 0 {
+                    let _ = wrk(&format!("http://{EDGE}{path}"), 1);
+                }
+                match wrk(&format!("http://{EDGE}{path}"), setup.wrk_seconds) {
+                    Ok(run) => {
+                        if run.errors > 0 {
+                            errors.push(format!("signed {on}, {path}: {} errors", run.errors));
+                        }
+                        runs.push((on, object, run.rps, run.requests));
+                    }
+                    Err(e) => errors.push(format!("signed {on}, {path}: {e}")),
+                }
+            }
+            if on {
+                match wrk_script(&format!("http://{EDGE}/"), setup.wrk_seconds, Some(&script)) {
+                    Ok(run) => {
+                        if run.errors > 0 {
+                            errors.push(format!("new tokens: {} errors", run.errors));
+                        }
+                        runs.push((on, 2, run.rps, run.requests));
+                    }
+                    Err(e) => errors.push(format!("new tokens: {e}")),
+                }
+            }
+        }
+        // Back as rendered, for the rows after this one.
+        if self.desired[PODS[0].0].files != plain[PODS[0].0].files {
+            self.apply(setup, plain);
+        }
+        let rounds = 2 * setup.wrk_rounds as usize;
+        let mean = |on: bool, object: usize| -> Option<f64> {
+            let rps: Vec<f64> = runs
+                .iter()
+                .filter(|(o, k, _, _)| *o == on && *k == object)
+                .map(|(_, _, rps, _)| *rps)
+                .collect();
+            (rps.len() == rounds).then(|| rps.iter().sum::<f64>() / rps.len() as f64)
+        };
+        let errors_shown = if errors.is_empty() { "" } else { ", errors" };
+        let row = |id: &str, on: Option<f64>, off: Option<f64>, target: bool| {
+            let ratio = match (on, off) {
+                (Some(on), Some(off)) if off > 0.0 => Some(on / off),
+                _ => None,
+            };
+            let shown = match (ratio, on, off) {
+                (Some(r), Some(on), Some(off)) => {
+                    format!("{r:.2} ({on:.0} / {off:.0}){errors_shown}")
+                }
+                _ => format!("not measured: {}", errors.join("; ")),
+            };
+            figure(
+                id,
+                shown,
+                if target {
+                    ratio.map(|r| r >= 0.90)
+                } else {
+                    None
+                },
+                json!({"on_rps": on, "off_rps": off, "ratio": ratio}),
+            )
+        };
+        const OBJECTS: [&str; 3] = ["1k", "1m", "1k-new-tokens"];
+        let mut figures = vec![
+            row("2s", mean(true, 0), mean(false, 0), true),
+            row("2s-1m", mean(true, 1), mean(false, 1), true),
+            row("2s-new", mean(true, 2), mean(false, 0), false),
+        ];
+        figures[0].data["runs"] = json!(runs
+            .iter()
+            .map(|(on, object, rps, requests)| json!({
+                "signed": on,
+                "object": OBJECTS[*object],
+                "rps": rps,
+                "requests": requests,
+            }))
+            .collect::<Vec<_>>());
+        figures[0].data["errors"] = json!(errors);
+        figures[0].data["wrk_seconds"] = json!(setup.wrk_seconds);
+        figures
     }
 
     /// Row 3: `Host: customer-a` caches /site/page.html; then `Host: customer-b` asks for it.
@@ -1783,6 +2000,7 @@ impl Cdn {
             "topology-changed.yaml",
             Some("20m"),
             false,
+            false,
         ) {
             Ok(desired) => {
                 let changed: Vec<&str> = PODS
@@ -1932,8 +2150,15 @@ impl Cdn {
         &mut self,
         setup: &Setup,
     ) -> Result<BTreeMap<String, Desired>, String> {
-        let counted = render(&self.binary, &self.dir, "topology-metrics.yaml", None, true)
-            .map_err(|e| format!("this binary renders no sidecar ({})", first_line(&e)))?;
+        let counted = render(
+            &self.binary,
+            &self.dir,
+            "topology-metrics.yaml",
+            None,
+            true,
+            false,
+        )
+        .map_err(|e| format!("this binary renders no sidecar ({})", first_line(&e)))?;
         if !counted.values().any(takes_purges) {
             return Err("this binary's sidecars apply no purges".into());
         }
@@ -2416,6 +2641,7 @@ fn make_content(www: &Path) {
     }
     write(&www.join("1k.bin"), &pattern(1024));
     write(&www.join("64k.bin"), &pattern(64 * 1024));
+    write(&www.join("1m.bin"), &pattern(1 << 20));
     // Random bytes, so that nothing on the way compresses them.
     let mut state: u64 = 0x9e37_79b9_7f4a_7c15;
     let mut big = Vec::with_capacity(BIG as usize);
@@ -2582,15 +2808,24 @@ struct WrkRun {
 
 /// `wrk -t1 -c50 -dSECONDS` of `url` with the benchmark's Host; killed if it overruns.
 fn wrk(url: &str, seconds: u64) -> Result<WrkRun, String> {
-    let mut child = Command::new("wrk")
-        .args([
-            "-t1",
-            "-c50",
-            &format!("-d{seconds}s"),
-            "-H",
-            &format!("Host: {HOST}"),
-            url,
-        ])
+    wrk_script(url, seconds, None)
+}
+
+/// [`wrk`], its requests made by the Lua `script` when there is one.
+fn wrk_script(url: &str, seconds: u64, script: Option<&Path>) -> Result<WrkRun, String> {
+    let mut command = Command::new("wrk");
+    command.args([
+        "-t1",
+        "-c50",
+        &format!("-d{seconds}s"),
+        "-H",
+        &format!("Host: {HOST}"),
+    ]);
+    if let Some(script) = script {
+        command.arg("-s").arg(script);
+    }
+    let mut child = command
+        .arg(url)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
