@@ -494,7 +494,7 @@ run_tests() {
   export CDN_E2E_OPERATOR_IMAGE=$OPERATOR_IMAGE CDN_E2E_NGINX_IMAGE=$NGINX_IMAGE
   export CDN_E2E_PAUSE_IMAGE=$PAUSE_IMAGE CDN_E2E_ROOT_IMAGE=$ROOT_IMAGE
   export HELM=${HELM:-$(command -v helm || echo /root/.cache/cdn-operator-tools/bin/helm)}
-  [[ -x $HELM ]] || "$repo/scripts/install-helm.sh" /root/.cache/cdn-operator-tools
+  [[ -x $HELM ]] || bash "$repo/scripts/install-helm.sh" /root/.cache/cdn-operator-tools
   (cd "$repo" && cargo test --locked -p cdn-operator-e2e --test node -- --test-threads="${TEST_THREADS:-2}" "$@")
 }
 
