@@ -433,6 +433,11 @@ up() {
   for b in etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy; do
     [[ -x $KUBE_BIN/$b ]] || die "$KUBE_BIN/$b is missing"
   done
+  # Helm refuses the chart (kubeVersion >=1.30) on a server that reports no version, as a plain
+  # `go build` makes it: say so before anything starts.
+  local version
+  version=$("$KUBE_BIN/kube-apiserver" --version 2>/dev/null | awk '{print $2}')
+  [[ $version == v1.36.* ]] || die "$KUBE_BIN/kube-apiserver reports version '$version', not v1.36.x: build it with -ldflags \"-X k8s.io/component-base/version.gitVersion=v1.36.2 -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=36\" (docs/testing.md)"
   [[ $(id -u) == 0 ]] || die "needs root (a kubelet and containerd)"
   if [[ -f $RUN/kube-apiserver.pid ]] && kill -0 "$(cat "$RUN/kube-apiserver.pid")" 2>/dev/null; then
     die "already up; run: $0 down"
