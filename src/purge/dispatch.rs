@@ -388,9 +388,13 @@ impl Inner {
         let uid = item.pod.uid.clone();
         let start = {
             let mut queues = self.queues.lock().expect("queues lock");
-            let queue = queues.entry(uid.clone()).or_default();
-            queue.push(item);
-            queue.len() == 1
+            // A pod's entry lives as long as its sender, also while the sender's batch is in
+            // flight and the queue empty: what comes meanwhile waits for the next batch. (Starting
+            // a sender whenever the queue was empty sent a burst one purge per batch, a walk of
+            // the pod's cache each.)
+            let start = !queues.contains_key(&uid);
+            queues.entry(uid.clone()).or_default().push(item);
+            start
         };
         if start {
             let inner = self.clone();
@@ -398,8 +402,9 @@ impl Inner {
         }
     }
 
-    /// The sender of one pod: sends what its queue holds, in batches, until the queue is empty;
-    /// a batch the pod did not apply is sent again, backing off, while the pod exists.
+    /// The sender of one pod: sends what its queue holds, in batches, until the queue is empty
+    /// (then its entry goes with it); a batch the pod did not apply is sent again, backing off,
+    /// while the pod exists.
     async fn send_all(self: Arc<Self>, uid: String) {
         let mut delay = RETRY_FIRST;
         loop {
@@ -543,4 +548,101 @@ fn batch_id() -> String {
         .fill(&mut bytes)
         .expect("the system has a random source");
     bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// A sidecar that takes `APPLY` per batch and records each batch's size and how many were
+    /// in flight at once.
+    async fn sidecar() -> (SocketAddr, Arc<Mutex<Vec<usize>>>, Arc<AtomicUsize>) {
+        const APPLY: Duration = Duration::from_millis(40);
+        let batches = Arc::new(Mutex::new(Vec::new()));
+        let (in_flight, most) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let router = axum::Router::new().route(
+            wire::PURGE_PATH,
+            axum::routing::post({
+                let (batches, most) = (batches.clone(), most.clone());
+                move |body: bytes::Bytes| async move {
+                    let now = in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+                    most.fetch_max(now, Ordering::SeqCst);
+                    let batch: Batch = serde_json::from_slice(&body).unwrap();
+                    batches.lock().unwrap().push(batch.purges.len());
+                    tokio::time::sleep(APPLY).await;
+                    in_flight.fetch_sub(1, Ordering::SeqCst);
+                    serde_json::to_string(&Applied {
+                        invalidated: vec![1; batch.purges.len()],
+                        scanned: 0,
+                        fills_awaited: 0,
+                        fills_unchecked: 0,
+                        millis: 0,
+                    })
+                    .unwrap()
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, router).await });
+        (address, batches, most)
+    }
+
+    fn no_api() -> kube::Client {
+        let service = tower::service_fn(|_: http::Request<kube::client::Body>| async {
+            Err::<http::Response<Full<bytes::Bytes>>, _>(std::io::Error::other("no API here"))
+        });
+        kube::Client::new(service, "default")
+    }
+
+    /// A burst for one pod, its purges arriving while a batch is in flight: one sender, the
+    /// purges that came meanwhile in its next batch (one walk of the pod's cache each).
+    #[tokio::test]
+    async fn a_burst_for_a_pod_goes_in_a_few_batches_one_at_a_time() {
+        const PURGES: usize = 200;
+        let (address, batches, most_in_flight) = sidecar().await;
+        let dispatcher =
+            Dispatcher::new(no_api(), Arc::new(Signer::generate().0), Arc::new(|_| {}));
+        let pod = Target {
+            uid: "uid-cache-0".into(),
+            name: "cache-0".into(),
+            sidecar: Some(address),
+        };
+        let mut acks = Vec::new();
+        for i in 0..PURGES {
+            let (done, ack) = oneshot::channel();
+            dispatcher.inner.enqueue(Item {
+                job: JobKey {
+                    namespace: "ns".into(),
+                    name: format!("purge-{i}"),
+                    uid: format!("uid-{i}"),
+                },
+                purge: wire::Purge {
+                    id: format!("purge-{i}"),
+                    paths: vec![format!("/{i}")],
+                    ..wire::Purge::default()
+                },
+                cluster: "cache".into(),
+                pod: pod.clone(),
+                done,
+            });
+            acks.push(ack);
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        for ack in acks {
+            assert!(matches!(ack.await, Ok(Ack::Applied(1))));
+        }
+        let batches = batches.lock().unwrap().clone();
+        assert_eq!(batches.iter().sum::<usize>(), PURGES, "{batches:?}");
+        assert_eq!(most_in_flight.load(Ordering::SeqCst), 1, "{batches:?}");
+        // About one batch per 40 ms of arrivals (200 purges over more than 200 ms), not one
+        // per purge.
+        assert!(
+            batches.len() <= PURGES / 10,
+            "{} batches: {batches:?}",
+            batches.len()
+        );
+        assert!(dispatcher.inner.queues.lock().unwrap().is_empty());
+    }
 }
