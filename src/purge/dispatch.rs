@@ -523,16 +523,21 @@ impl Inner {
     }
 }
 
-/// The first items of `queue` that fit in one batch (one at least).
+/// The first items of `queue` that fit in one batch (one at least). A job's two passes on a
+/// pod (queued together when the first was retried) go in two walks: a walk credits a file to
+/// every purge that names it, and the second pass must count only what was fetched again after
+/// the first, not the same files twice.
 fn take_batch(queue: &mut Vec<Item>) -> Vec<Item> {
     let mut size = 0;
     let mut count = 0;
+    let mut jobs = std::collections::HashSet::new();
     for item in queue.iter() {
         size += serde_json::to_vec(&item.purge)
             .map(|v| v.len())
             .unwrap_or(0)
             + 1;
-        if count > 0 && size > wire::MAX_BATCH_BYTES - 1024 {
+        let again = !jobs.insert(&item.job);
+        if count > 0 && (again || size > wire::MAX_BATCH_BYTES - 1024) {
             break;
         }
         count += 1;
@@ -587,6 +592,41 @@ mod tests {
         let address = listener.local_addr().unwrap();
         tokio::spawn(async move { axum::serve(listener, router).await });
         (address, batches, most)
+    }
+
+    fn item(job: &str, pass: &str) -> Item {
+        Item {
+            job: JobKey {
+                namespace: "ns".into(),
+                name: job.into(),
+                uid: format!("uid-{job}"),
+            },
+            purge: wire::Purge {
+                id: format!("{job}/{pass}"),
+                ..wire::Purge::default()
+            },
+            cluster: "cache".into(),
+            pod: Target {
+                uid: "uid-cache-0".into(),
+                name: "cache-0".into(),
+                sidecar: None,
+            },
+            done: oneshot::channel().0,
+        }
+    }
+
+    #[test]
+    fn a_jobs_two_passes_on_a_pod_go_in_two_batches() {
+        let mut queue = vec![
+            item("a", "first"),
+            item("b", "last"),
+            item("a", "last"),
+            item("c", "last"),
+        ];
+        let ids = |batch: Vec<Item>| batch.into_iter().map(|i| i.purge.id).collect::<Vec<_>>();
+        assert_eq!(ids(take_batch(&mut queue)), ["a/first", "b/last"]);
+        assert_eq!(ids(take_batch(&mut queue)), ["a/last", "c/last"]);
+        assert!(queue.is_empty());
     }
 
     fn no_api() -> kube::Client {
