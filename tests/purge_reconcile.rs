@@ -260,7 +260,9 @@ impl World {
 
     /// Every Event about `name`, as (type, reason, note).
     async fn events(&self, name: &str) -> Vec<(String, String, String)> {
-        let events: Vec<Event> = self.api().list(&ListParams::default()).await.unwrap().items;
+        let mut events: Vec<Event> = self.api().list(&ListParams::default()).await.unwrap().items;
+        // Listed by name, which is random: in the order they happened.
+        events.sort_by_key(|e| e.event_time.as_ref().map(|t| t.0));
         events
             .into_iter()
             .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
