@@ -369,20 +369,9 @@ impl World {
             .unwrap_or_else(|e| panic!("{method} {path} to {to}: {e}"))
     }
 
-    /// What the origin served so far. nginx writes a request's log line after its last byte,
-    /// so an answer can arrive before its line: read until the log stays the same for 20 ms.
+    /// What the origin served so far (its log once settled, [`settled_log`](cdn_operator_testkit::nginx::settled_log)).
     fn served(&self) -> Vec<Served> {
-        let read =
-            || std::fs::read_to_string(self.path().join("origin.access")).unwrap_or_default();
-        let mut log = read();
-        loop {
-            std::thread::sleep(Duration::from_millis(20));
-            let again = read();
-            if again == log {
-                break;
-            }
-            log = again;
-        }
+        let log = cdn_operator_testkit::nginx::settled_log(&self.path().join("origin.access"));
         log.lines()
             .map(|line| line.split(' ').collect::<Vec<&str>>())
             // Not the probes of `wait_resolved`.

@@ -318,20 +318,9 @@ impl World {
             .unwrap_or_else(|e| panic!("GET {path} from {to}: {e}"))
     }
 
-    /// What the origin served so far, the lookups' probes left out. nginx logs a request after
-    /// its last byte: read until the log stays the same for 20 ms.
+    /// What the origin served so far (its log once settled, [`settled_log`](cdn_operator_testkit::nginx::settled_log)), the lookups' probes left out.
     fn asked(&self) -> Vec<Asked> {
-        let read =
-            || std::fs::read_to_string(self.path().join("origin.access")).unwrap_or_default();
-        let mut log = read();
-        loop {
-            std::thread::sleep(Duration::from_millis(20));
-            let again = read();
-            if again == log {
-                break;
-            }
-            log = again;
-        }
+        let log = cdn_operator_testkit::nginx::settled_log(&self.path().join("origin.access"));
         log.lines()
             .filter(|l| !l.starts_with("/not-here/"))
             .map(|l| {

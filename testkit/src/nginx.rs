@@ -25,6 +25,22 @@ pub const VERSION_PREFIX: &str = "nginx/1.30.";
 /// How long nginx may take to listen, or to stop once asked.
 const PATIENCE: Duration = Duration::from_secs(10);
 
+/// An nginx log as it stands once nginx has written what it served: nginx logs a request after
+/// its last byte, so an answer can arrive before its line. Read until the log stays the same for
+/// 20 ms; empty when there is no log yet.
+pub fn settled_log(path: &Path) -> String {
+    let read = || std::fs::read_to_string(path).unwrap_or_default();
+    let mut log = read();
+    loop {
+        std::thread::sleep(Duration::from_millis(20));
+        let again = read();
+        if again == log {
+            return log;
+        }
+        log = again;
+    }
+}
+
 /// The root nginx runs in; panics, saying how to make it, when there is none.
 pub fn root() -> PathBuf {
     let root = std::env::var_os(ROOT_ENV)
