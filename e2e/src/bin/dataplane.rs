@@ -1338,15 +1338,7 @@ impl Cdn {
                 }
             }
             // A fresh cache: the object fetched once, then a HIT.
-            let hit = (0..50).any(|_| {
-                let hit =
-                    get_once(path).is_ok_and(|r| r.header(CACHE_STATUS_HEADER) == Some("HIT"));
-                if !hit {
-                    std::thread::sleep(Duration::from_millis(100));
-                }
-                hit
-            });
-            if !hit {
+            if !becomes_hit(path) {
                 errors.push(format!("{path}: no HIT (metrics {metrics})"));
             }
             match wrk(&format!("http://{EDGE}{path}"), setup.wrk_seconds) {
@@ -1501,15 +1493,7 @@ impl Cdn {
                 }
             }
             for (object, path) in [&small, &large].into_iter().enumerate() {
-                let hit = (0..50).any(|_| {
-                    let hit =
-                        get_once(path).is_ok_and(|r| r.header(CACHE_STATUS_HEADER) == Some("HIT"));
-                    if !hit {
-                        std::thread::sleep(Duration::from_millis(100));
-                    }
-                    hit
-                });
-                if !hit {
+                if !becomes_hit(path) {
                     errors.push(format!("{path}: no HIT (signed {on})"));
                 }
                 // A first run of each pod, not counted: the first run is slower.
@@ -2477,6 +2461,17 @@ fn segment(i: usize) -> String {
 }
 
 /// A GET of `path` through the balancer with the benchmark's Host, on a connection of its own.
+/// Whether `path` through the balancer is a HIT within 5 s (asked every 100 ms).
+fn becomes_hit(path: &str) -> bool {
+    (0..50).any(|_| {
+        let hit = get_once(path).is_ok_and(|r| r.header(CACHE_STATUS_HEADER) == Some("HIT"));
+        if !hit {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        hit
+    })
+}
+
 fn get_once(path: &str) -> io::Result<Response> {
     Client::once(EDGE, "GET", path, &[("Host", HOST)])
 }
