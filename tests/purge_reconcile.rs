@@ -14,8 +14,11 @@ use cdn_operator::api::{
 };
 use cdn_operator::cdncluster::build;
 use cdn_operator::kubernetes::events::Events;
+use cdn_operator::kubernetes::index::{Index, Reset};
+use cdn_operator::kubernetes::problems::{PodSummary, INSTANCE_LABEL};
 use cdn_operator::nginx_cache::{file, wire};
 use cdn_operator::purge::dispatch::{Dispatcher, JobKey};
+use cdn_operator::purge::pods::{PodTargets, PodTargetsWriter};
 use cdn_operator::purge::signing::Signer;
 use cdn_operator::purge::{self, PurgeSummary};
 use cdn_operator::reconcile::Shared;
@@ -117,6 +120,14 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
     files
 }
 
+/// The labels of a pod of `cluster` that the CdnClusters' watch of their pods reads: the
+/// cluster's instance, and its Deployment's selector.
+fn pod_labels(cluster: &str) -> serde_json::Value {
+    let mut labels = build::pod_selector(cluster);
+    labels.insert(INSTANCE_LABEL.into(), cluster.into());
+    json!(labels)
+}
+
 /// A pod of `cluster` as a kubelet reports it: running at 127.0.0.1, its sidecar's port.
 fn pod(cluster: &str, name: &str, port: Option<u16>) -> serde_json::Value {
     let sidecar = port.map(|port| {
@@ -126,7 +137,7 @@ fn pod(cluster: &str, name: &str, port: Option<u16>) -> serde_json::Value {
     json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "namespace": NS, "uid": format!("{name}-uid"),
-                     "labels": build::pod_selector(cluster)},
+                     "labels": pod_labels(cluster)},
         "spec": {"initContainers": sidecar.unwrap_or(json!([])),
                  "containers": [{"name": "nginx", "image": "nginx"}]},
         "status": {"phase": "Running", "podIP": "127.0.0.1"},
@@ -155,6 +166,8 @@ struct World {
     /// Told when a job's progress calls for a reconcile.
     progress: mpsc::UnboundedReceiver<JobKey>,
     dispatcher: Dispatcher,
+    /// Feeds the dispatcher's pods, as their watch would.
+    pod_watch: PodTargetsWriter,
 }
 
 const OBJECTS: [&str; 4] = ["/vod/a/1.ts", "/vod/a/2.ts", "/vod/b/1.ts", "/live/x.m3u8"];
@@ -181,11 +194,23 @@ impl World {
             objects.push(pod(cluster, name, Some(port)));
         }
         let fake = support::FakeApi::with_purges(objects).await;
+        // The pods as the CdnClusters' watch of their pods lists them.
+        let pods = PodTargets::default();
+        let mut pod_watch = pods.writer();
+        let listed = Api::<Pod>::namespaced(fake.client.clone(), NS)
+            .list(&ListParams::default())
+            .await
+            .unwrap();
+        pod_watch.reset(Reset::Begin);
+        for pod in &listed.items {
+            pod_watch.reset(Reset::Listed(&PodSummary::of(pod)));
+        }
+        pod_watch.reset(Reset::Done);
         let (tx, progress) = mpsc::unbounded_channel();
         let signer = Arc::new(signer);
         let dispatcher = Dispatcher::new(
-            fake.client.clone(),
             signer,
+            pods,
             Arc::new(move |key: &JobKey| {
                 let _ = tx.send(key.clone());
             }),
@@ -198,6 +223,7 @@ impl World {
             _sidecars: sidecars,
             progress,
             dispatcher,
+            pod_watch,
         }
     }
 
@@ -393,10 +419,12 @@ async fn a_pod_that_does_not_answer_keeps_the_purge_waiting_and_says_so_until_it
     w.reconcile("fix").await;
     assert_eq!(w.fake.take_writes(), Vec::<String>::new());
     // The pod is deleted (a rollout replaced it): the purge completes without it.
+    let gone = w.api::<Pod>().get("mid-2").await.unwrap();
     w.api::<Pod>()
         .delete("mid-2", &DeleteParams::default())
         .await
         .unwrap();
+    w.pod_watch.delete(&PodSummary::of(&gone));
     w.fake.take_writes();
     loop {
         let action = w.reconcile_on_progress("fix").await;

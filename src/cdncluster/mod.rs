@@ -14,6 +14,7 @@ use crate::kubernetes::apply;
 use crate::kubernetes::cache::{self, Arrivals, Scope, Watches};
 use crate::kubernetes::compact::Compact;
 use crate::kubernetes::events::Events;
+use crate::kubernetes::index::Index;
 use crate::kubernetes::problems::{PodProblems, PodSummary};
 use crate::kubernetes::records::Records;
 use crate::kubernetes::restricted::RunAs;
@@ -85,7 +86,7 @@ impl reconcile::Context for Context {
 
 /// Builds the controller and its watches: CdnClusters, the children the operator labelled as
 /// its own, and their pods (a change of a pod's problem reconciles its cluster, named by the
-/// pod's instance label). A change of a CdnCluster also triggers the CdnClusters that list it as a source,
+/// pod's instance label; `pod_readers` are fed the same events). A change of a CdnCluster also triggers the CdnClusters that list it as a source,
 /// looked up in an index the CdnCluster watch keeps ([`Parents`]). After a cache lists again,
 /// every CdnCluster is reconciled ([`Relists`]).
 pub fn controller(
@@ -95,6 +96,7 @@ pub fn controller(
     leadership: Leadership,
     concurrency: u16,
     settings: Settings,
+    pod_readers: impl Index<PodSummary>,
 ) -> (Arc<Context>, Controller<CdnCluster>) {
     let children = watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}"));
     let watches = Watches::default();
@@ -121,7 +123,7 @@ pub fn controller(
         .indexed(
             scope.api::<PodSummary>(client.clone()),
             watcher::Config::default().labels(&build::pod_watch_selector()),
-            pods.writer(),
+            (pods.writer(), pod_readers),
         )
         .try_filter(|event| futures::future::ready(tells(event)));
 

@@ -228,14 +228,19 @@ fn truncate(message: String) -> String {
     }
 }
 
-/// A pod as the problems cache reads it, straight from the watch's bytes: its name, namespace
-/// and instance label, and its [`Problem`]; nothing else is kept (see [`super::compact`] for why).
+/// A pod as the watch's readers read it, straight from the watch's bytes: its name, uid,
+/// namespace and instance label, its [`Problem`], and where it can be reached; nothing else is
+/// kept (see [`super::compact`] for why).
 #[derive(Clone, Debug)]
 pub struct PodSummary {
     pub metadata: ObjectMeta,
     pub problem: Option<Problem>,
     /// Being deleted: on its way out, what it says no longer counts ([`PodSummary::counted`]).
     pub leaving: bool,
+    /// Its address while it runs (phase `Running`, an IP).
+    pub running_at: Option<std::net::IpAddr>,
+    /// Its containers' named ports (the init containers' included: sidecars are).
+    pub ports: Vec<(String, u16)>,
 }
 
 impl PodSummary {
@@ -267,32 +272,71 @@ impl<'de> Deserialize<'de> for PodSummary {
             #[serde(default)]
             namespace: Option<String>,
             #[serde(default)]
+            uid: Option<String>,
+            #[serde(default)]
             resource_version: Option<String>,
             #[serde(default)]
             labels: Option<BTreeMap<String, String>>,
             #[serde(default)]
             deletion_timestamp: Option<IgnoredAny>,
         }
+        #[derive(Default, Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Spec {
+            #[serde(default)]
+            init_containers: Vec<Container>,
+            #[serde(default)]
+            containers: Vec<Container>,
+        }
+        #[derive(Deserialize)]
+        struct Container {
+            #[serde(default)]
+            ports: Vec<Port>,
+        }
+        #[derive(Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Port {
+            #[serde(default)]
+            name: Option<String>,
+            container_port: i32,
+        }
         #[derive(Deserialize)]
         struct Parts {
             #[serde(default)]
             metadata: Meta,
             #[serde(default)]
+            spec: Spec,
+            #[serde(default)]
             status: Option<PodStatus>,
         }
-        let Parts { metadata, status } = Parts::deserialize(deserializer)?;
-        let problem = status.and_then(|s| of_pod(&s));
+        let Parts {
+            metadata,
+            spec,
+            status,
+        } = Parts::deserialize(deserializer)?;
+        let problem = status.as_ref().and_then(of_pod);
+        let running_at = status
+            .filter(|s| s.phase.as_deref() == Some("Running"))
+            .and_then(|s| s.pod_ip?.parse().ok());
+        let ports = (spec.init_containers.into_iter())
+            .chain(spec.containers)
+            .flat_map(|c| c.ports)
+            .filter_map(|p| Some((p.name?, u16::try_from(p.container_port).ok()?)))
+            .collect();
         let instance = metadata.labels.and_then(|mut l| l.remove(INSTANCE_LABEL));
         Ok(PodSummary {
             metadata: ObjectMeta {
                 name: metadata.name,
                 namespace: metadata.namespace,
+                uid: metadata.uid,
                 resource_version: metadata.resource_version,
                 labels: instance.map(|i| BTreeMap::from([(INSTANCE_LABEL.to_string(), i)])),
                 ..ObjectMeta::default()
             },
             problem,
             leaving: metadata.deletion_timestamp.is_some(),
+            running_at,
+            ports,
         })
     }
 }

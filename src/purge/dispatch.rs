@@ -9,20 +9,16 @@
 //! does not answer is retried, backing off, for as long as it exists: a purge is complete once
 //! every pod has applied it, or is gone.
 
+use super::pods::{PodTargets, Target};
 use super::signing::Signer;
 use super::targets::Tier;
 use crate::nginx_cache::wire::{self, Applied, Batch};
-use crate::nginx_metrics;
 use futures::stream::{FuturesUnordered, StreamExt};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client as HttpClient;
 use hyper_util::rt::TokioExecutor;
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, ListParams};
-use kube::ResourceExt;
 use std::collections::{BTreeMap, HashMap};
-use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
@@ -32,8 +28,6 @@ const SEND_TIMEOUT: Duration = Duration::from_secs(90);
 /// The waits between a pod's failed tries: doubled from the first to the last.
 const RETRY_FIRST: Duration = Duration::from_millis(500);
 const RETRY_MAX: Duration = Duration::from_secs(15);
-/// How long a list of a cluster's pods is reused: a burst of purges lists each cluster once.
-const PODS_FRESH: Duration = Duration::from_secs(1);
 
 /// A purge, by its object (a re-created purge of the same name is another job).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -72,7 +66,7 @@ pub struct Progress {
     pub started: Timestamp,
     /// When the last pod applied it.
     pub finished: Option<Timestamp>,
-    /// Pods that must apply it (its last pass on each tier), as far as listed yet.
+    /// Pods that must apply it (its last pass on each tier), as far as its passes have begun.
     pub pods: u32,
     /// Those that did.
     pub pods_done: u32,
@@ -82,6 +76,8 @@ pub struct Progress {
     pub waiting: BTreeMap<String, Waiting>,
     /// Why it cannot be applied at all.
     pub failed: Option<String>,
+    /// When its status was last written by this process.
+    pub status_written: Option<Instant>,
 }
 
 impl Progress {
@@ -94,48 +90,13 @@ impl Progress {
             objects: 0,
             waiting: BTreeMap::new(),
             failed: None,
+            status_written: None,
         }
     }
 
     /// Whether nothing more happens to it.
     pub fn is_over(&self) -> bool {
         self.finished.is_some() || self.failed.is_some()
-    }
-}
-
-/// A pod of a tier, as listed.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Target {
-    pub uid: String,
-    pub name: String,
-    /// Its sidecar's address; `None` when the pod has no sidecar.
-    pub sidecar: Option<SocketAddr>,
-}
-
-impl Target {
-    /// `pod` as a purge reaches it: running with an address (a pod not started yet holds
-    /// nothing), its sidecar's port from its spec. `None` for a pod that holds no cache.
-    pub fn of(pod: &Pod) -> Option<Target> {
-        let status = pod.status.as_ref()?;
-        if status.phase.as_deref() != Some("Running") {
-            return None;
-        }
-        let ip: IpAddr = status.pod_ip.as_deref()?.parse().ok()?;
-        let port = pod
-            .spec
-            .as_ref()?
-            .init_containers
-            .iter()
-            .flatten()
-            .chain(pod.spec.as_ref()?.containers.iter())
-            .flat_map(|c| c.ports.iter().flatten())
-            .find(|p| p.name.as_deref() == Some(nginx_metrics::PORT_NAME))
-            .and_then(|p| u16::try_from(p.container_port).ok());
-        Some(Target {
-            uid: pod.uid().unwrap_or_default(),
-            name: pod.name_any(),
-            sidecar: port.map(|port| SocketAddr::new(ip, port)),
-        })
     }
 }
 
@@ -150,17 +111,13 @@ pub struct Dispatcher {
 }
 
 struct Inner {
-    client: kube::Client,
     signer: Arc<Signer>,
     http: HttpClient<hyper_util::client::legacy::connect::HttpConnector, Full<bytes::Bytes>>,
     jobs: Mutex<HashMap<JobKey, Progress>>,
     queues: Mutex<HashMap<String, Vec<Item>>>,
-    pods: tokio::sync::Mutex<PodLists>,
+    pods: PodTargets,
     notify: Notify,
 }
-
-/// The last list of each cluster's pods (by namespace and cluster), and when it was made.
-type PodLists = HashMap<(String, String), (Instant, Arc<Vec<Target>>)>;
 
 /// A purge waiting in a pod's queue.
 struct Item {
@@ -179,16 +136,15 @@ enum Ack {
 }
 
 impl Dispatcher {
-    pub fn new(client: kube::Client, signer: Arc<Signer>, notify: Notify) -> Self {
+    pub fn new(signer: Arc<Signer>, pods: PodTargets, notify: Notify) -> Self {
         let http = HttpClient::builder(TokioExecutor::new()).build_http();
         Dispatcher {
             inner: Arc::new(Inner {
-                client,
                 signer,
                 http,
                 jobs: Mutex::default(),
                 queues: Mutex::default(),
-                pods: tokio::sync::Mutex::default(),
+                pods,
                 notify,
             }),
         }
@@ -210,6 +166,13 @@ impl Dispatcher {
         }
         let inner = self.inner.clone();
         tokio::spawn(async move { inner.run(job).await });
+    }
+
+    /// Notes that the status of `key` was written now.
+    pub fn status_written(&self, key: &JobKey) {
+        if let Some(p) = self.inner.jobs().get_mut(key) {
+            p.status_written = Some(Instant::now());
+        }
     }
 
     /// Forgets the job of `key` once its final status is cached: a purge is applied once.
@@ -268,8 +231,11 @@ impl Inner {
                 }
             }
         }
+        let finished = Timestamp::now();
         self.update(&job.key, |p| {
-            p.finished = Some(Timestamp::now());
+            let took = finished.duration_since(p.started);
+            tracing::info!(purge = %job.key, pods = p.pods_done, objects = p.objects, took = %format!("{:.3}s", took.as_secs_f64()), "purge applied");
+            p.finished = Some(finished);
             true
         });
     }
@@ -282,7 +248,7 @@ impl Inner {
         last: bool,
     ) -> (usize, bool, Result<(), String>) {
         let cluster = &job.tiers[tier].name;
-        let pods = self.pods_of(&job.key, cluster).await;
+        let pods = self.pods.of(&job.key.namespace, cluster);
         if let Some(pod) = pods.iter().find(|p| p.sidecar.is_none()) {
             let why = format!(
                 "pod {} of CdnCluster {cluster} has no sidecar to apply purges (the operator runs without --nginx-metrics-image)",
@@ -336,53 +302,6 @@ impl Inner {
         (tier, last, Ok(()))
     }
 
-    /// The pods of `cluster` that hold a cache, listed at most [`PODS_FRESH`] ago; retried,
-    /// with the job told why, until the API server answers.
-    async fn pods_of(&self, job: &JobKey, cluster: &str) -> Arc<Vec<Target>> {
-        let mut delay = RETRY_FIRST;
-        loop {
-            match self.list(&job.namespace, cluster, false).await {
-                Ok(pods) => return pods,
-                Err(error) => {
-                    self.update(job, |p| {
-                        let waiting = Waiting {
-                            pod: String::new(),
-                            cluster: cluster.to_string(),
-                            why: format!(
-                                "cannot list its pods: {}",
-                                crate::reconcile::describe(&error)
-                            ),
-                        };
-                        p.waiting.insert(String::new(), waiting).is_none()
-                    });
-                    tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(RETRY_MAX);
-                }
-            }
-        }
-    }
-
-    async fn list(
-        &self,
-        namespace: &str,
-        cluster: &str,
-        fresh: bool,
-    ) -> kube::Result<Arc<Vec<Target>>> {
-        let mut lists = self.pods.lock().await;
-        let key = (namespace.to_string(), cluster.to_string());
-        if let Some((when, pods)) = lists.get(&key) {
-            if !fresh && when.elapsed() < PODS_FRESH {
-                return Ok(pods.clone());
-            }
-        }
-        let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
-        let selector = crate::cdncluster::build::pod_selector_string(cluster);
-        let listed = api.list(&ListParams::default().labels(&selector)).await?;
-        let pods: Arc<Vec<Target>> = Arc::new(listed.items.iter().filter_map(Target::of).collect());
-        lists.insert(key, (Instant::now(), pods.clone()));
-        Ok(pods)
-    }
-
     /// Queues `item` for its pod, starting the pod's sender if it has none running.
     fn enqueue(self: &Arc<Self>, item: Item) {
         let uid = item.pod.uid.clone();
@@ -419,7 +338,16 @@ impl Inner {
                 }
                 take_batch(queue)
             };
-            match self.send(&items).await {
+            let sent = Instant::now();
+            let outcome = self.send(&items).await;
+            tracing::debug!(
+                pod = %items[0].pod.name,
+                purges = items.len(),
+                took = ?sent.elapsed(),
+                ok = outcome.is_ok(),
+                "purge batch"
+            );
+            match outcome {
                 Ok(applied) => {
                     delay = RETRY_FIRST;
                     for (item, objects) in items.into_iter().zip(applied.invalidated) {
@@ -441,12 +369,9 @@ impl Inner {
                     tokio::time::sleep(delay).await;
                     delay = (delay * 2).min(RETRY_MAX);
                     let first = &items[0];
-                    let still_there =
-                        match self.list(&first.job.namespace, &first.cluster, true).await {
-                            Ok(pods) => pods.iter().any(|p| p.uid == uid),
-                            // Unknown: tried again.
-                            Err(_) => true,
-                        };
+                    let still_there = (self.pods.of(&first.job.namespace, &first.cluster))
+                        .iter()
+                        .any(|p| p.uid == uid);
                     if still_there {
                         let mut queues = self.queues.lock().expect("queues lock");
                         let queue = queues.entry(uid.clone()).or_default();
@@ -562,7 +487,11 @@ mod tests {
 
     /// A sidecar that takes `APPLY` per batch and records each batch's size and how many were
     /// in flight at once.
-    async fn sidecar() -> (SocketAddr, Arc<Mutex<Vec<usize>>>, Arc<AtomicUsize>) {
+    async fn sidecar() -> (
+        std::net::SocketAddr,
+        Arc<Mutex<Vec<usize>>>,
+        Arc<AtomicUsize>,
+    ) {
         const APPLY: Duration = Duration::from_millis(40);
         let batches = Arc::new(Mutex::new(Vec::new()));
         let (in_flight, most) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
@@ -629,21 +558,17 @@ mod tests {
         assert!(queue.is_empty());
     }
 
-    fn no_api() -> kube::Client {
-        let service = tower::service_fn(|_: http::Request<kube::client::Body>| async {
-            Err::<http::Response<Full<bytes::Bytes>>, _>(std::io::Error::other("no API here"))
-        });
-        kube::Client::new(service, "default")
-    }
-
     /// A burst for one pod, its purges arriving while a batch is in flight: one sender, the
     /// purges that came meanwhile in its next batch (one walk of the pod's cache each).
     #[tokio::test]
     async fn a_burst_for_a_pod_goes_in_a_few_batches_one_at_a_time() {
         const PURGES: usize = 200;
         let (address, batches, most_in_flight) = sidecar().await;
-        let dispatcher =
-            Dispatcher::new(no_api(), Arc::new(Signer::generate().0), Arc::new(|_| {}));
+        let dispatcher = Dispatcher::new(
+            Arc::new(Signer::generate().0),
+            PodTargets::default(),
+            Arc::new(|_| {}),
+        );
         let pod = Target {
             uid: "uid-cache-0".into(),
             name: "cache-0".into(),

@@ -8,6 +8,7 @@
 //! cache its name and phase only: its spec and status are dropped ([`PurgeSummary`]).
 
 pub mod dispatch;
+pub mod pods;
 pub mod signing;
 pub mod status;
 pub mod targets;
@@ -29,6 +30,7 @@ use kube::runtime::controller::{Action, Config, Controller};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Client, Resource, ResourceExt};
+use pods::PodTargets;
 use serde::{Deserialize, Deserializer};
 use signing::Signer;
 use status::Observed;
@@ -43,8 +45,6 @@ pub const CONTROLLER: &str = "cdnpurge";
 /// How long a purge runs before its status says it is under way: one that completes sooner is
 /// written once, Complete (a burst of purges costs a write each, not two).
 pub const REPORT_AFTER: Duration = Duration::from_secs(2);
-/// How often a purge under way is looked at again, for its status.
-const LOOK_AGAIN: Duration = Duration::from_secs(5);
 
 /// A CdnPurge as the cache keeps it: its metadata and phase, and its spec and status only while
 /// it is not over.
@@ -133,7 +133,8 @@ pub struct Context {
     pub shared: Shared,
     pub purges: Store<PurgeSummary>,
     pub arrivals: Arrivals,
-    /// The CdnClusters, as the CdnCluster controller caches them, and when that cache has listed.
+    /// The CdnClusters, as the CdnCluster controller caches them, and when its caches (these and
+    /// their pods, [`PodTargets`]) have listed.
     pub clusters: Store<CdnCluster>,
     pub clusters_ready: CachesReady,
     /// The jobs; or why the operator cannot sign purges (every purge then fails, saying so).
@@ -157,6 +158,7 @@ pub fn controller(
     concurrency: u16,
     clusters: Store<CdnCluster>,
     clusters_ready: CachesReady,
+    pods: PodTargets,
     signer: Result<Arc<Signer>, String>,
 ) -> (Arc<Context>, Controller<PurgeSummary>) {
     let watches = Watches::default();
@@ -171,14 +173,24 @@ pub fn controller(
     let notify: dispatch::Notify = Arc::new(move |key: &JobKey| {
         let _ = progress_tx.send(ObjectRef::<PurgeSummary>::new(&key.name).within(&key.namespace));
     });
-    let dispatcher = signer.map(|signer| Dispatcher::new(client.clone(), signer, notify));
-    // A purge deleted before its end: its job is forgotten once over (no reconcile comes for it).
-    let deleted = dispatcher.clone().ok();
-    let purge_events = purge_events.inspect(move |event| {
-        if let (Ok(watcher::Event::Delete(purge)), Some(dispatcher)) = (event, &deleted) {
-            let uid = purge.uid().unwrap_or_default();
-            dispatcher.forget_unless(|key| key.uid != uid);
+    let dispatcher = signer.map(|signer| Dispatcher::new(signer, pods, notify));
+    let starter = dispatcher.clone().ok().map(|dispatcher| Starter {
+        dispatcher,
+        clusters: clusters.clone(),
+        clusters_ready: clusters_ready.clone(),
+        leadership: leadership.clone(),
+    });
+    let purge_events = purge_events.inspect(move |event| match (event, &starter) {
+        (Ok(watcher::Event::Apply(purge) | watcher::Event::InitApply(purge)), Some(starter)) => {
+            starter.start(purge)
         }
+        // A purge deleted before its end: its job is forgotten once over (no reconcile comes
+        // for it).
+        (Ok(watcher::Event::Delete(purge)), Some(starter)) => {
+            let uid = purge.uid().unwrap_or_default();
+            starter.dispatcher.forget_unless(|key| key.uid != uid);
+        }
+        _ => {}
     });
     let controller = Controller::for_stream(purge_events.applied_objects(), purges.clone())
         .reconcile_on(UnboundedReceiverStream::new(progress_rx))
@@ -194,6 +206,42 @@ pub fn controller(
         dispatcher,
     });
     (context, controller)
+}
+
+/// Starts a purge's job as soon as the watch brings it, not when its reconcile comes: in a
+/// burst, the reconciles queue behind the status writes of the purges before (each a request to
+/// the API server), and the viewers would wait for them. The reconcile then finds the job under
+/// way; it starts the job itself when this could not (the caches not listed yet, a new leader).
+struct Starter {
+    dispatcher: Dispatcher,
+    clusters: Store<CdnCluster>,
+    clusters_ready: CachesReady,
+    leadership: Leadership,
+}
+
+impl Starter {
+    fn start(&self, purge: &PurgeSummary) {
+        let Some(open) = &purge.open else {
+            return;
+        };
+        if !self.leadership.is_leader() || !self.clusters_ready.is_ready() {
+            return;
+        }
+        let key = job_key(purge);
+        if self.dispatcher.progress(&key).is_none() {
+            // Refused here, the reconcile says why in the status.
+            let _ = plan(&self.dispatcher, &self.clusters, &key, &open.spec);
+        }
+    }
+}
+
+/// The job of `purge`.
+fn job_key(purge: &PurgeSummary) -> JobKey {
+    JobKey {
+        namespace: purge.namespace().unwrap_or_default(),
+        name: purge.name_any(),
+        uid: purge.uid().unwrap_or_default(),
+    }
 }
 
 /// Errors of a CdnPurge's reconcile, by step. Each retries with backoff.
@@ -230,13 +278,7 @@ pub fn wire_purge(spec: &CdnPurgeSpec) -> wire::Purge {
 pub async fn reconcile(purge: Arc<PurgeSummary>, ctx: Arc<Context>) -> Result<Action, Error> {
     ctx.shared.ready.wait().await;
     ctx.clusters_ready.wait().await;
-    let namespace = purge.namespace().unwrap_or_default();
-    let name = purge.name_any();
-    let key = JobKey {
-        namespace: namespace.clone(),
-        name: name.clone(),
-        uid: purge.uid().unwrap_or_default(),
-    };
+    let key = job_key(&purge);
     let Some(open) = purge.open.clone() else {
         // Over, as cached: its job is done with.
         if let Ok(dispatcher) = &ctx.dispatcher {
@@ -247,7 +289,15 @@ pub async fn reconcile(purge: Arc<PurgeSummary>, ctx: Arc<Context>) -> Result<Ac
     let started;
     let tiers;
     let progress;
-    let observed = match plan(&ctx, &key, &open.spec) {
+    let mut written = None;
+    let planned = match &ctx.dispatcher {
+        Ok(dispatcher) => plan(dispatcher, &ctx.clusters, &key, &open.spec),
+        Err(why) => Err((
+            status::NO_SIGNING_KEY,
+            format!("the operator cannot sign purges: {why}"),
+        )),
+    };
+    let observed = match planned {
         Err((reason, message)) => {
             started = Timestamp::now();
             Observed::Failed { reason, message }
@@ -256,6 +306,7 @@ pub async fn reconcile(purge: Arc<PurgeSummary>, ctx: Arc<Context>) -> Result<Ac
             tiers = clusters;
             progress = job;
             started = progress.started;
+            written = progress.status_written.map(|at| at.elapsed());
             Observed::Applying {
                 clusters: &tiers,
                 progress: &progress,
@@ -269,44 +320,41 @@ pub async fn reconcile(purge: Arc<PurgeSummary>, ctx: Arc<Context>) -> Result<Ac
         Timestamp::now(),
     );
     let over = status.phase.is_some_and(PurgePhase::is_final);
-    let running_for = Timestamp::now().duration_since(started).unsigned_abs();
-    // Written when a reader acts on it: over, or under way for a while.
-    if over || running_for >= REPORT_AFTER {
+    let report = if over {
+        status::Report::Now
+    } else {
+        let running = Timestamp::now().duration_since(started).unsigned_abs();
+        status::report(open.status.as_ref(), &status, running, written)
+    };
+    if report == status::Report::Now {
         let notices = status::notices(open.status.as_ref(), &status);
         write_status(&ctx, &purge, open.status.as_ref(), &status).await?;
+        if let Ok(dispatcher) = &ctx.dispatcher {
+            dispatcher.status_written(&key);
+        }
         for notice in notices {
             ctx.shared.events.publish(purge.as_ref(), notice).await;
         }
     }
     ctx.shared.succeeded(purge.as_ref());
-    Ok(if over {
-        Action::await_change()
-    } else if running_for < REPORT_AFTER {
-        Action::requeue(REPORT_AFTER - running_for)
-    } else {
-        Action::requeue(LOOK_AGAIN)
+    Ok(match report {
+        _ if over => Action::await_change(),
+        status::Report::After(wait) => Action::requeue(wait),
+        status::Report::Now => Action::requeue(status::COUNTS_EVERY_MIN),
     })
 }
 
 /// The clusters `spec` reaches and its job's progress, its job started if it was not; or why it
 /// cannot be applied (a reason of [`status`] and a message).
 fn plan(
-    ctx: &Context,
+    dispatcher: &Dispatcher,
+    clusters: &Store<CdnCluster>,
     key: &JobKey,
     spec: &CdnPurgeSpec,
 ) -> Result<(Vec<String>, dispatch::Progress), (&'static str, String)> {
-    let dispatcher = ctx.dispatcher.as_ref().map_err(|why| {
-        (
-            status::NO_SIGNING_KEY,
-            format!("the operator cannot sign purges: {why}"),
-        )
-    })?;
     let purge = wire_purge(spec);
     Selection::new(&purge).map_err(|e| (status::INVALID, e.to_string()))?;
-    let lookup = |name: &str| {
-        ctx.clusters
-            .get(&ObjectRef::new(name).within(&key.namespace))
-    };
+    let lookup = |name: &str| clusters.get(&ObjectRef::new(name).within(&key.namespace));
     let tiers = targets::tiers(&spec.cdn_cluster, lookup)
         .map_err(|e| (status::CLUSTER_NOT_FOUND, e.to_string()))?;
     let clusters: Vec<String> = tiers.iter().map(|t| t.name.clone()).collect();

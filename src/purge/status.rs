@@ -1,15 +1,18 @@
 //! What a CdnPurge's status should say, and the Events its changes deserve. Pure.
 //!
 //! A purge's status is written when something a reader acts on changes: it failed, it is
-//! complete, or (past [`super::REPORT_AFTER`]) a pod keeps it waiting. A purge that completes
-//! within that time is written once, Complete.
+//! complete, or (past [`super::REPORT_AFTER`]) it is under way or a pod keeps it waiting; its
+//! counts alone every so often ([`report`]). A purge that completes within that time is written
+//! once, Complete.
 
 use super::dispatch::Progress;
+use super::REPORT_AFTER;
 use crate::api::{CdnPurgeStatus, PurgePhase};
 use crate::kubernetes::events::Notice;
 use crate::reconcile::conditions::{find, set_condition, ConditionStatus};
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use std::time::Duration;
 
 /// kstatus conditions.
 pub const READY: &str = "Ready";
@@ -102,10 +105,6 @@ pub fn desired(
                 status.phase = Some(PurgePhase::Complete);
             } else {
                 let (reason, message) = match progress.waiting.values().next() {
-                    Some(w) if w.pod.is_empty() => (
-                        POD_NOT_PURGED,
-                        format!("waiting for CdnCluster {}: {}; retried", w.cluster, w.why),
-                    ),
                     Some(w) => (
                         POD_NOT_PURGED,
                         format!(
@@ -142,6 +141,50 @@ fn complete_message(clusters: &[String], progress: &Progress) -> String {
         )
     };
     on
+}
+
+/// How often the counts of a purge under way are written: after as long again as it has run,
+/// within these bounds. A burst of slow purges then costs each a few writes, not one per pod's
+/// answer (each write's own watch event brings a reconcile, which would write the next count).
+pub const COUNTS_EVERY_MIN: Duration = Duration::from_secs(5);
+pub const COUNTS_EVERY_MAX: Duration = Duration::from_secs(60);
+
+/// When the status of a purge not over is written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Report {
+    Now,
+    /// Not yet: the reconcile looks again then.
+    After(Duration),
+}
+
+/// When `status` is written over `previous` for a purge under way for `running`, its status
+/// last written by this process `written` ago: not before [`REPORT_AFTER`] (one that completes
+/// sooner is written once, Complete); then at once when what a reader acts on changes (its
+/// phase, or the pod it waits for); its counts alone, every so often ([`COUNTS_EVERY_MIN`]).
+pub fn report(
+    previous: Option<&CdnPurgeStatus>,
+    status: &CdnPurgeStatus,
+    running: Duration,
+    written: Option<Duration>,
+) -> Report {
+    if running < REPORT_AFTER {
+        return Report::After(REPORT_AFTER - running);
+    }
+    let said = |s: Option<&CdnPurgeStatus>| {
+        s.map(|s| {
+            let ready = find(&s.conditions, READY).map(|c| (c.reason.clone(), c.message.clone()));
+            (s.phase, ready)
+        })
+    };
+    if said(previous) != said(Some(status)) {
+        return Report::Now;
+    }
+    let every = running.clamp(COUNTS_EVERY_MIN, COUNTS_EVERY_MAX);
+    match written {
+        Some(ago) if ago < every => Report::After(every - ago),
+        _ if previous == Some(status) => Report::After(every),
+        _ => Report::Now,
+    }
 }
 
 /// The Events of a change from `previous` to `status`: one when the purge completes or fails, one
@@ -184,6 +227,7 @@ mod tests {
             objects: 7,
             waiting: BTreeMap::new(),
             failed: None,
+            status_written: None,
         }
     }
 
@@ -194,6 +238,71 @@ mod tests {
             c.reason.to_string(),
             c.message.to_string(),
         )
+    }
+
+    #[test]
+    fn a_purge_under_way_writes_what_readers_act_on_at_once_and_its_counts_every_so_often() {
+        let clusters = vec!["shield".to_string()];
+        let now = Timestamp::from_second(1_800_000_001).unwrap();
+        let mut p = progress();
+        let status = |p: &Progress, previous: Option<&CdnPurgeStatus>| {
+            let observed = Observed::Applying {
+                clusters: &clusters,
+                progress: p,
+            };
+            desired(previous, Some(1), &observed, now)
+        };
+        let s = Duration::from_secs;
+        let purging = status(&p, None);
+        // Not before REPORT_AFTER: one that completes sooner is written once, Complete.
+        assert_eq!(
+            report(None, &purging, Duration::from_millis(500), None),
+            Report::After(Duration::from_millis(1500))
+        );
+        // Then Purging at once, whenever this process last wrote.
+        assert_eq!(report(None, &purging, s(3), None), Report::Now);
+        assert_eq!(report(None, &purging, s(3), Some(s(0))), Report::Now);
+        // One more pod done: the counts wait for as long again as it has run (5 s at least).
+        p.pods_done = 2;
+        let counted = status(&p, Some(&purging));
+        assert_ne!(counted, purging);
+        assert_eq!(
+            report(Some(&purging), &counted, s(3), Some(s(1))),
+            Report::After(s(4))
+        );
+        assert_eq!(
+            report(Some(&purging), &counted, s(30), Some(s(10))),
+            Report::After(s(20))
+        );
+        assert_eq!(
+            report(Some(&purging), &counted, s(600), Some(s(59))),
+            Report::After(s(1))
+        );
+        assert_eq!(
+            report(Some(&purging), &counted, s(30), Some(s(30))),
+            Report::Now
+        );
+        // Written by another leader: this one writes its counts once.
+        assert_eq!(report(Some(&purging), &counted, s(30), None), Report::Now);
+        // Nothing changed: nothing to write.
+        assert_eq!(
+            report(Some(&purging), &purging, s(30), None),
+            Report::After(s(30))
+        );
+        // A pod keeps it waiting: at once.
+        p.waiting.insert(
+            "shield-0".into(),
+            Waiting {
+                pod: "shield-0".into(),
+                cluster: "shield".into(),
+                why: "no answer".into(),
+            },
+        );
+        let waiting = status(&p, Some(&counted));
+        assert_eq!(
+            report(Some(&counted), &waiting, s(30), Some(s(1))),
+            Report::Now
+        );
     }
 
     #[test]

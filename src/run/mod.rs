@@ -182,6 +182,8 @@ pub async fn run(args: Args) -> Result<(), Error> {
         tracing::error!(%error, "purges cannot be applied: {error}");
         error.to_string()
     });
+    // The pods purges reach, kept from the CdnClusters' watch of their pods.
+    let purge_pods = purge::pods::PodTargets::default();
     let (ctx, controller) = cdncluster::controller(
         client.clone(),
         &scope,
@@ -199,6 +201,7 @@ pub async fn run(args: Args) -> Result<(), Error> {
             },
             cluster_domain: args.cluster_domain(),
         },
+        purge_pods.writer(),
     );
     register_cdncluster_gauges(&metrics, ctx.clusters.clone(), leadership.clone());
     let (purge_ctx, purge_controller) = purge::controller(
@@ -209,6 +212,7 @@ pub async fn run(args: Args) -> Result<(), Error> {
         concurrency,
         ctx.clusters.clone(),
         ctx.shared.ready.clone(),
+        purge_pods,
         signer,
     );
     register_purge_gauges(&metrics, purge_ctx.purges.clone(), leadership.clone());
