@@ -69,12 +69,17 @@ fn desired(name: &str) -> build::Children {
         cdn_operator::cdncluster::sources::DEFAULT_CLUSTER_DOMAIN,
     )
     .expect("the seed resolves");
-    build::children(
-        cluster,
-        &upstreams,
-        &Default::default(),
-        &Default::default(),
-    )
+    build::children(cluster, &upstreams, &Default::default(), &pod_settings())
+}
+
+/// The pods as the captured operator built them: with the purge key it made in its namespace
+/// (each capture makes a new one), which every cache's ConfigMap publishes.
+fn pod_settings() -> build::PodSettings {
+    let published = fixture("configmap-cache-live")["data"]["purge-keys.pub"].clone();
+    build::PodSettings {
+        purge_keys: published.as_str().expect("the key published").into(),
+        ..Default::default()
+    }
 }
 
 fn change<K>(mut desired: K, observed: &str) -> Option<Change>
@@ -277,7 +282,7 @@ fn world(edited: &[&str]) -> Vec<Value> {
 async fn reconcile_all(fake: &support::FakeApi) {
     let events = Events::new(fake.client.clone(), Some("test".into()));
     for name in CLUSTERS {
-        let ctx = fake.context(events.clone()).await;
+        let ctx = fake.context_with(events.clone(), pod_settings()).await;
         let cluster = ctx
             .clusters
             .get(&kube::runtime::reflector::ObjectRef::new(name).within("probe"))

@@ -400,6 +400,15 @@ impl FakeApi {
 
     /// The controller's context, caches as fresh as the watches would make them.
     pub async fn context(&self, events: Events) -> Arc<Context> {
+        self.context_with(events, Default::default()).await
+    }
+
+    /// [`FakeApi::context`], its pods built as `pod_settings` sets them.
+    pub async fn context_with(
+        &self,
+        events: Events,
+        pod_settings: cdn_operator::cdncluster::build::PodSettings,
+    ) -> Arc<Context> {
         Arc::new(Context {
             shared: Shared::new(self.client.clone(), events, CachesReady::default()),
             clusters: self.store().await,
@@ -417,7 +426,7 @@ impl FakeApi {
             // The caches are filled by hand before each reconcile: no watch to wait for.
             writes_visible_within: std::time::Duration::ZERO,
             cluster_domain: cdn_operator::cdncluster::sources::DEFAULT_CLUSTER_DOMAIN.into(),
-            pod_settings: Default::default(),
+            pod_settings,
         })
     }
 }
