@@ -16,7 +16,7 @@ use super::file::{self, CachedObject, Invalidation};
 use super::key;
 use super::selector::Matcher;
 use super::wire::Mode;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::path::{Path, PathBuf};
@@ -41,81 +41,10 @@ pub struct Outcome {
     pub fills_awaited: u64,
     /// Fills still in flight when the wait gave up: not checked.
     pub fills_unchecked: u64,
-    /// Cache files known unchanged since the last walk: not read.
-    pub recalled: u64,
     /// Files that could not be read or written (other than those nginx removed meanwhile).
     pub errors: u64,
     /// The first such error, for the report.
     pub first_error: Option<String>,
-}
-
-/// What the walks of one cache remember of its files, for the next walk: a file whose inode,
-/// size and mtime are those a walk read holds the same object (nginx writes a fill to a new file
-/// it renames over the old one, and rewrites a header in place, which sets the mtime), so the
-/// next walk reads only its metadata, and opens it only when a purge names what it holds. A
-/// memory out of date costs a read, never a purge missed: a file's key is its name's (the md5 of
-/// the key), a new body is a new inode, and a header rewritten in place only moves its dates
-/// forward (a remembered date is never later than the file's). At most [`MEMORY_FILES`] files
-/// (the sidecar's memory is bounded): beyond, files are read.
-#[derive(Default)]
-pub struct Memory {
-    files: HashMap<[u8; 16], Known>,
-}
-
-/// The files a [`Memory`] keeps: about 150 bytes each, 7.5 MB at most.
-pub const MEMORY_FILES: usize = 50_000;
-
-/// A file as a walk read it.
-struct Known {
-    stamp: Stamp,
-    /// What it holds; `None`: not a cache file of this nginx.
-    object: Option<CachedObject>,
-}
-
-/// What tells that a file changed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Stamp {
-    inode: u64,
-    size: u64,
-    mtime: (i64, i64),
-}
-
-impl Stamp {
-    fn of(path: &Path) -> io::Result<Stamp> {
-        use std::os::unix::fs::MetadataExt;
-        let m = std::fs::symlink_metadata(path)?;
-        Ok(Stamp {
-            inode: m.ino(),
-            size: m.size(),
-            mtime: (m.mtime(), m.mtime_nsec()),
-        })
-    }
-}
-
-/// The md5 a cache file is named by.
-fn md5_of(path: &Path) -> Option<[u8; 16]> {
-    let name = path.file_name()?.to_str()?.as_bytes();
-    if name.len() != 32 {
-        return None;
-    }
-    let mut md5 = [0u8; 16];
-    for (i, pair) in name.chunks(2).enumerate() {
-        let hex = std::str::from_utf8(pair).ok()?;
-        md5[i] = u8::from_str_radix(hex, 16).ok()?;
-    }
-    Some(md5)
-}
-
-/// The purges of `targets` that name `object` (by their place in `matcher`).
-fn named(matcher: &Matcher, targets: &[Target], object: &CachedObject) -> Vec<usize> {
-    let Some(key) = key::parse(&object.key) else {
-        return Vec::new();
-    };
-    matcher
-        .matches(&key, &object.tags)
-        .into_iter()
-        .filter(|&i| object.date <= targets[i].cutoff)
-        .collect()
 }
 
 /// How often the walk looks whether the fills it waits for are done.
@@ -124,20 +53,11 @@ const FILL_POLL: Duration = Duration::from_millis(20);
 const MAX_DEPTH: usize = 3;
 
 /// Applies `targets` (by their place in `matcher`) to every cache file under `dir`, waiting at
-/// most `fill_wait` for the fills in flight at the start; `memory` is what the walk before knew,
-/// and is left with what this one knows.
-pub fn apply(
-    dir: &Path,
-    matcher: &Matcher,
-    targets: &[Target],
-    fill_wait: Duration,
-    memory: &mut Memory,
-) -> Outcome {
+/// most `fill_wait` for the fills in flight at the start.
+pub fn apply(dir: &Path, matcher: &Matcher, targets: &[Target], fill_wait: Duration) -> Outcome {
     let mut walk = Walk {
         matcher,
         targets,
-        before: std::mem::take(&mut memory.files),
-        known: HashMap::new(),
         outcome: Outcome {
             invalidated: vec![0; targets.len()],
             ..Outcome::default()
@@ -150,16 +70,12 @@ pub fn apply(
     walk.folder(dir, 0);
     walk.await_fills(fill_wait);
     walk.walk_changed_folders();
-    memory.files = walk.known;
     walk.outcome
 }
 
 struct Walk<'a> {
     matcher: &'a Matcher,
     targets: &'a [Target],
-    /// What the walk before knew of the files, and what this one knows: the files it met.
-    before: HashMap<[u8; 16], Known>,
-    known: HashMap<[u8; 16], Known>,
     outcome: Outcome,
     buffer: Vec<u8>,
     /// Every folder of cache files read, with its mtime before it was read.
@@ -227,50 +143,18 @@ impl Walk<'_> {
         }
     }
 
-    /// Applies the purges that name what the cache file at `path` holds: known from an earlier
-    /// read while the file is unchanged, else read (and remembered).
+    /// Reads the cache file at `path` and applies the purges that name it.
     fn file(&mut self, path: &Path) {
-        let md5 = md5_of(path);
-        let stamp = match md5.map(|_| Stamp::of(path)).transpose() {
-            Ok(stamp) => stamp,
-            Err(error) => return self.error(path, &error),
-        };
-        if let (Some(md5), Some(stamp)) = (md5, stamp) {
-            if self.recall(md5, stamp) {
-                self.outcome.recalled += 1;
-                // Read again only if a purge names it: what is invalidated is what is read.
-                let object = self.known.get(&md5).and_then(|k| k.object.as_ref());
-                let named = object.is_some_and(|o| {
-                    o.is_live() && !named(self.matcher, self.targets, o).is_empty()
-                });
-                if !named {
-                    return;
-                }
-            }
-        }
         let file = match OpenOptions::new().read(true).write(true).open(path) {
             Ok(file) => file,
             Err(error) => return self.error(path, &error),
         };
-        // Taken before the read: a change after it makes the next walk read the file again.
-        let stamp = file.metadata().ok().map(|m| {
-            use std::os::unix::fs::MetadataExt;
-            Stamp {
-                inode: m.ino(),
-                size: m.size(),
-                mtime: (m.mtime(), m.mtime_nsec()),
-            }
-        });
         if let Err(error) = file::read_head(&file, &mut self.buffer) {
             return self.error(path, &error);
         }
         self.outcome.scanned += 1;
         // Not a cache file of this nginx (or being written): nothing to purge in it.
-        let parsed = file::parse(&self.buffer).ok();
-        if let (Some(md5), Some(stamp)) = (md5, stamp) {
-            self.remember(md5, stamp, parsed.clone());
-        }
-        let Some(object) = parsed else {
+        let Ok(object) = file::parse(&self.buffer) else {
             return;
         };
         if !object.is_live() {
@@ -285,31 +169,17 @@ impl Walk<'_> {
         }
     }
 
-    /// Whether an earlier read of the file `md5` is known and the file unchanged since (then
-    /// it is in `known`, kept for the next walk).
-    fn recall(&mut self, md5: [u8; 16], stamp: Stamp) -> bool {
-        if self.known.get(&md5).is_some_and(|k| k.stamp == stamp) {
-            return true;
-        }
-        match self.before.remove(&md5).filter(|k| k.stamp == stamp) {
-            Some(known) => {
-                self.known.insert(md5, known);
-                true
-            }
-            None => false,
-        }
-    }
-
-    fn remember(&mut self, md5: [u8; 16], stamp: Stamp, object: Option<CachedObject>) {
-        self.before.remove(&md5);
-        if self.known.len() < MEMORY_FILES || self.known.contains_key(&md5) {
-            self.known.insert(md5, Known { stamp, object });
-        }
-    }
-
     /// Applies the purges that name `object`; whether it was invalidated.
     fn purge(&mut self, file: &File, object: &CachedObject) -> io::Result<bool> {
-        let named = named(self.matcher, self.targets, object);
+        let Some(key) = key::parse(&object.key) else {
+            return Ok(false);
+        };
+        let named: Vec<usize> = self
+            .matcher
+            .matches(&key, &object.tags)
+            .into_iter()
+            .filter(|&i| object.date <= self.targets[i].cutoff)
+            .collect();
         let invalidation = if named.iter().any(|&i| self.targets[i].mode == Mode::Hard) {
             Invalidation::Hard
         } else if let Some(cutoff) = named.iter().map(|&i| self.targets[i].cutoff).max() {
@@ -403,10 +273,6 @@ mod tests {
     }
 
     fn run(dir: &Path, purges: &[(Purge, Target)]) -> Outcome {
-        run_with(dir, purges, &mut Memory::default())
-    }
-
-    fn run_with(dir: &Path, purges: &[(Purge, Target)], memory: &mut Memory) -> Outcome {
         let selections: Vec<Selection> = purges
             .iter()
             .map(|(p, _)| Selection::new(p).unwrap())
@@ -417,73 +283,7 @@ mod tests {
             &Matcher::new(&selections),
             &targets,
             Duration::from_millis(500),
-            memory,
         )
-    }
-
-    #[test]
-    fn a_walk_reads_only_the_files_changed_since_the_last_and_those_a_purge_names() {
-        let dir = tempfile::tempdir().unwrap();
-        let d = dir.path();
-        let file = |i: usize| format!("{i}/0{i}/{i:032x}");
-        for i in 1..=4 {
-            put(d, &file(i), &format!("GETh/vod/{i}.ts"), T - 10, "t");
-        }
-        std::fs::write(d.join("1/01/not-nginx"), b"x").unwrap();
-        let hard = Target {
-            mode: Mode::Hard,
-            cutoff: T,
-        };
-        let path = |p: &str| {
-            (
-                Purge {
-                    paths: vec![p.into()],
-                    ..Purge::default()
-                },
-                hard,
-            )
-        };
-        let mut memory = Memory::default();
-        let first = run_with(d, &[path("/none")], &mut memory);
-        assert_eq!((first.scanned, first.recalled), (5, 0));
-        // Nothing changed, nothing named: every file known, none read.
-        let second = run_with(d, &[path("/none")], &mut memory);
-        assert_eq!((second.scanned, second.recalled), (1, 4), "{second:?}");
-        // 2 is replaced by a newer fill (a new file renamed over it), 3 rewritten in place (a
-        // header nginx updates): both read again, and of the rest only 1, which a purge names
-        // (and the foreign file, not named as nginx names its files, each time).
-        let replacement = d.join("2/02/replacement");
-        std::fs::write(
-            &replacement,
-            cache_file("GETh/vod/2.ts", T - 5, T + 3600, "HTTP/1.1 200 OK\r\n\r\n"),
-        )
-        .unwrap();
-        std::fs::rename(&replacement, d.join(file(2))).unwrap();
-        let rewritten = d.join(file(3));
-        let mut bytes = std::fs::read(&rewritten).unwrap();
-        bytes[8] ^= 1;
-        let f = std::fs::OpenOptions::new()
-            .write(true)
-            .open(&rewritten)
-            .unwrap();
-        std::io::Write::write_all(&mut &f, &bytes).unwrap();
-        // A later second than the walk's read, whatever the clock's tick.
-        f.set_modified(SystemTime::now() + Duration::from_secs(1))
-            .unwrap();
-        let third = run_with(d, &[path("/vod/1.ts"), path("/vod/2.ts")], &mut memory);
-        assert_eq!(third.invalidated, [1, 1]);
-        assert_eq!((third.scanned, third.recalled), (4, 2), "{third:?}");
-        assert!(!object(&d.join(file(1))).is_live());
-        assert!(!object(&d.join(file(2))).is_live());
-        assert!(object(&d.join(file(4))).is_live());
-        // What a walk invalidated changed: read again, and not invalidated twice.
-        let fourth = run_with(d, &[path("/vod/1.ts")], &mut memory);
-        assert_eq!(fourth.invalidated, [0]);
-        assert_eq!((fourth.scanned, fourth.recalled), (3, 2), "{fourth:?}");
-        // A file gone is forgotten.
-        std::fs::remove_file(d.join(file(4))).unwrap();
-        run_with(d, &[path("/none")], &mut memory);
-        assert_eq!(memory.files.len(), 3);
     }
 
     #[test]

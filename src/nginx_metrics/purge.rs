@@ -59,10 +59,9 @@ impl Purger {
             .name("purge".into())
             .spawn(move || {
                 let mut cutoffs: HashMap<String, (i64, Instant)> = HashMap::new();
-                let mut memory = scan::Memory::default();
                 for job in queue {
                     cutoffs.retain(|_, (_, seen)| seen.elapsed() < CUTOFF_MEMORY);
-                    let result = apply(&cache_dir, &job.batch, &mut cutoffs, &mut memory);
+                    let result = apply(&cache_dir, &job.batch, &mut cutoffs);
                     let _ = job.reply.send(result);
                 }
             })?;
@@ -85,7 +84,6 @@ fn apply(
     dir: &std::path::Path,
     batch: &Batch,
     cutoffs: &mut HashMap<String, (i64, Instant)>,
-    memory: &mut scan::Memory,
 ) -> Result<Applied, String> {
     let started = Instant::now();
     let selections = batch
@@ -107,7 +105,7 @@ fn apply(
             }
         })
         .collect();
-    let outcome = scan::apply(dir, &Matcher::new(&selections), &targets, FILL_WAIT, memory);
+    let outcome = scan::apply(dir, &Matcher::new(&selections), &targets, FILL_WAIT);
     if let Some(error) = &outcome.first_error {
         // Files it could not read or write: the objects they hold may still be served.
         return Err(format!(
