@@ -232,12 +232,17 @@ impl Inner {
             }
         }
         let finished = Timestamp::now();
+        let mut done = None;
         self.update(&job.key, |p| {
-            let took = finished.duration_since(p.started);
-            tracing::info!(purge = %job.key, pods = p.pods_done, objects = p.objects, took = %format!("{:.3}s", took.as_secs_f64()), "purge applied");
             p.finished = Some(finished);
+            done = Some((p.pods_done, p.objects, finished.duration_since(p.started)));
             true
         });
+        // Logged outside the jobs' lock, which every pass and sender takes.
+        if let Some((pods, objects, took)) = done {
+            let took = format!("{:.3}s", took.as_secs_f64());
+            tracing::info!(purge = %job.key, pods, objects, %took, "purge applied");
+        }
     }
 
     /// One pass of `job` on tier `tier` (its `last`, or the first of two): every pod applies it.
