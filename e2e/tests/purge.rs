@@ -380,13 +380,18 @@ async fn a_purge_of_the_edge_is_applied_by_every_cache_pod_below_it_and_complete
     let done = wait_phase(&env, "live", PurgePhase::Complete).await;
     assert_eq!(done.status.unwrap().progress.as_deref(), Some("2/2"));
     assert!(folders.iter().all(|f| !live(f, "/live/ch1.m3u8")));
-    let reasons: Vec<String> = env
-        .events()
-        .await
-        .into_iter()
-        .filter(|e| e.0 == "live")
-        .map(|e| e.2)
-        .collect();
+    // The Event follows the Complete status: waited for (5 s at most), then compared whole.
+    let mut reasons: Vec<String> = Vec::new();
+    for _ in 0..20 {
+        reasons = (env.events().await.into_iter())
+            .filter(|e| e.0 == "live")
+            .map(|e| e.2)
+            .collect();
+        if reasons.len() >= 2 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
     assert_eq!(reasons, ["PurgeRetrying", "Purged"]);
 
     // A purge of a CdnCluster that does not exist fails, once.
