@@ -83,6 +83,10 @@ pub struct Applied {
     pub invalidated: Vec<u64>,
     /// Cache files read.
     pub scanned: u64,
+    /// Cache files known unchanged since the pod's walk before, not named: not read. Absent from
+    /// a sidecar older than this field.
+    #[serde(default)]
+    pub recalled: u64,
     /// Fills that were in flight when the walk began, waited for and checked.
     pub fills_awaited: u64,
     /// Fills still in flight when the wait gave up (a stalled source): not checked.

@@ -29,6 +29,13 @@ const BODY_LIMIT: usize = 2 * wire::MAX_BATCH_BYTES;
 const FILL_WAIT: Duration = Duration::from_secs(30);
 /// How long a purge's cutoff is remembered: longer than the operator's retries of one pod.
 const CUTOFF_MEMORY: Duration = Duration::from_secs(3600);
+/// How long after its walk a purge still applies to what nginx writes ([`scan::sweep`]): a fill
+/// whose response came before the purge but that a busy worker wrote after the walk. Only fills
+/// dated before the purge's second: one of the same second may have come after it (nginx dates
+/// by the second), and the walk kept those on purpose.
+const LINGER: Duration = Duration::from_secs(3);
+/// How often the folders changed meanwhile are swept while purges linger.
+const SWEEP_EVERY: Duration = Duration::from_millis(50);
 
 /// Seconds since the epoch, the unit of nginx's cache headers.
 fn now() -> i64 {
@@ -59,9 +66,32 @@ impl Purger {
             .name("purge".into())
             .spawn(move || {
                 let mut cutoffs: HashMap<String, (i64, Instant)> = HashMap::new();
-                for job in queue {
+                let mut memory = scan::Memory::watching();
+                let mut lingering = Lingering::default();
+                loop {
+                    let job = if lingering.purges.is_empty() {
+                        match queue.recv() {
+                            Ok(job) => job,
+                            Err(_) => break,
+                        }
+                    } else {
+                        match queue.recv_timeout(SWEEP_EVERY) {
+                            Ok(job) => job,
+                            Err(mpsc::RecvTimeoutError::Timeout) => {
+                                lingering.sweep(&cache_dir, &mut memory);
+                                continue;
+                            }
+                            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+                        }
+                    };
                     cutoffs.retain(|_, (_, seen)| seen.elapsed() < CUTOFF_MEMORY);
-                    let result = apply(&cache_dir, &job.batch, &mut cutoffs);
+                    let result = apply(
+                        &cache_dir,
+                        &job.batch,
+                        &mut cutoffs,
+                        &mut memory,
+                        &mut lingering,
+                    );
                     let _ = job.reply.send(result);
                 }
             })?;
@@ -79,14 +109,41 @@ impl Purger {
     }
 }
 
-/// Applies `batch` to the cache at `dir`: one walk for all its purges.
+/// The purges applied in the last [`LINGER`], still applied to what nginx writes.
+#[derive(Default)]
+struct Lingering {
+    purges: Vec<(Selection, Target, Instant)>,
+}
+
+impl Lingering {
+    fn forget_old(&mut self) {
+        self.purges.retain(|(_, _, until)| Instant::now() < *until);
+    }
+
+    /// Sweeps what changed since the last walk or sweep with the purges lingering.
+    fn sweep(&mut self, dir: &std::path::Path, memory: &mut scan::Memory) {
+        self.forget_old();
+        if self.purges.is_empty() {
+            return;
+        }
+        let (selections, targets): (Vec<Selection>, Vec<Target>) =
+            self.purges.iter().map(|(s, t, _)| (s.clone(), *t)).unzip();
+        scan::sweep(dir, &Matcher::new(&selections), &targets, memory);
+    }
+}
+
+/// Applies `batch` to the cache at `dir`: one walk for all its purges (and those `lingering`,
+/// whose walk may have missed a late fill in the folders this one reads), which `memory` spares
+/// what is unchanged since the walk before.
 fn apply(
     dir: &std::path::Path,
     batch: &Batch,
     cutoffs: &mut HashMap<String, (i64, Instant)>,
+    memory: &mut scan::Memory,
+    lingering: &mut Lingering,
 ) -> Result<Applied, String> {
     let started = Instant::now();
-    let selections = batch
+    let mut selections = batch
         .purges
         .iter()
         .map(|p| Selection::new(p).map_err(|e| format!("purge {}: {e}", p.id)))
@@ -104,8 +161,38 @@ fn apply(
                 cutoff,
             }
         })
-        .collect();
-    let outcome = scan::apply(dir, &Matcher::new(&selections), &targets, FILL_WAIT);
+        .collect::<Vec<Target>>();
+    let asked = selections.len();
+    lingering.forget_old();
+    let until = Instant::now() + LINGER;
+    let mut all_targets = targets.clone();
+    for (selection, target, _) in &lingering.purges {
+        selections.push(selection.clone());
+        all_targets.push(*target);
+    }
+    let mut outcome = scan::apply(
+        dir,
+        &Matcher::new(&selections),
+        &all_targets,
+        FILL_WAIT,
+        memory,
+    );
+    outcome.invalidated.truncate(asked);
+    lingering
+        .purges
+        .extend(
+            selections
+                .into_iter()
+                .zip(targets)
+                .take(asked)
+                .map(|(selection, target)| {
+                    let before = Target {
+                        cutoff: target.cutoff - 1,
+                        ..target
+                    };
+                    (selection, before, until)
+                }),
+        );
     if let Some(error) = &outcome.first_error {
         // Files it could not read or write: the objects they hold may still be served.
         return Err(format!(
@@ -116,6 +203,7 @@ fn apply(
     Ok(Applied {
         invalidated: outcome.invalidated,
         scanned: outcome.scanned,
+        recalled: outcome.recalled,
         fills_awaited: outcome.fills_awaited,
         fills_unchecked: outcome.fills_unchecked,
         millis: started.elapsed().as_millis() as u64,

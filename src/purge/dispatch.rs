@@ -350,6 +350,8 @@ impl Inner {
                 purges = items.len(),
                 took = ?sent.elapsed(),
                 ok = outcome.is_ok(),
+                read = outcome.as_ref().map_or(0, |a| a.scanned),
+                recalled = outcome.as_ref().map_or(0, |a| a.recalled),
                 "purge batch"
             );
             match outcome {
@@ -513,10 +515,7 @@ mod tests {
                     in_flight.fetch_sub(1, Ordering::SeqCst);
                     serde_json::to_string(&Applied {
                         invalidated: vec![1; batch.purges.len()],
-                        scanned: 0,
-                        fills_awaited: 0,
-                        fills_unchecked: 0,
-                        millis: 0,
+                        ..Applied::default()
                     })
                     .unwrap()
                 }
