@@ -205,23 +205,7 @@ pub fn apply(
 ) -> Outcome {
     let started = Instant::now();
     memory.forget_changed();
-    let mut walk = Walk {
-        matcher,
-        targets,
-        before: std::mem::take(&mut memory.folders),
-        known: Memory {
-            watches: memory.watches.take(),
-            ..Memory::default()
-        },
-        outcome: Outcome {
-            invalidated: vec![0; targets.len()],
-            ..Outcome::default()
-        },
-        buffer: Vec::with_capacity(4096),
-        folders: BTreeMap::new(),
-        fills: BTreeSet::new(),
-        invalidated: BTreeSet::new(),
-    };
+    let mut walk = Walk::new(matcher, targets, memory);
     walk.folder(dir, 0);
     walk.await_fills(fill_wait);
     std::thread::sleep(FILL_SETTLE.saturating_sub(started.elapsed()));
@@ -250,23 +234,7 @@ pub fn sweep(dir: &Path, matcher: &Matcher, targets: &[Target], memory: &mut Mem
     for folder in &changed {
         memory.forget(folder);
     }
-    let mut walk = Walk {
-        matcher,
-        targets,
-        before: std::mem::take(&mut memory.folders),
-        known: Memory {
-            watches: memory.watches.take(),
-            ..Memory::default()
-        },
-        outcome: Outcome {
-            invalidated: vec![0; targets.len()],
-            ..Outcome::default()
-        },
-        buffer: Vec::with_capacity(4096),
-        folders: BTreeMap::new(),
-        fills: BTreeSet::new(),
-        invalidated: BTreeSet::new(),
-    };
+    let mut walk = Walk::new(matcher, targets, memory);
     for folder in &changed {
         // Read already, as a subfolder of one read before it.
         if walk.known.folders.contains_key(folder) {
@@ -319,7 +287,29 @@ fn mtime(path: &Path) -> Option<SystemTime> {
     std::fs::metadata(path).and_then(|m| m.modified()).ok()
 }
 
-impl Walk<'_> {
+impl<'a> Walk<'a> {
+    /// A walk applying `targets` (by their place in `matcher`), starting from what `memory`
+    /// holds, which it takes.
+    fn new(matcher: &'a Matcher, targets: &'a [Target], memory: &mut Memory) -> Walk<'a> {
+        Walk {
+            matcher,
+            targets,
+            before: std::mem::take(&mut memory.folders),
+            known: Memory {
+                watches: memory.watches.take(),
+                ..Memory::default()
+            },
+            outcome: Outcome {
+                invalidated: vec![0; targets.len()],
+                ..Outcome::default()
+            },
+            buffer: Vec::with_capacity(4096),
+            folders: BTreeMap::new(),
+            fills: BTreeSet::new(),
+            invalidated: BTreeSet::new(),
+        }
+    }
+
     fn error(&mut self, path: &Path, error: &io::Error) {
         // nginx removes files (evictions, replaced fills) while the walk runs: not an error.
         if error.kind() == io::ErrorKind::NotFound {
