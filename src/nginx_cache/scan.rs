@@ -88,15 +88,13 @@ impl Memory {
         }
     }
 
-    /// Forgets the folders the watches say changed since the last look.
-    fn forget_changed(&mut self) {
-        let Some(watches) = self.watches.as_mut() else {
-            return;
-        };
-        match watches.changed() {
-            Changed::Folders(changed) => {
-                for dir in changed {
-                    self.forget(&dir);
+    /// What the watches say changed since the last look (`None`: no watches), forgotten.
+    fn take_changes(&mut self) -> Option<Changed> {
+        let changed = self.watches.as_mut()?.changed();
+        match &changed {
+            Changed::Folders(folders) => {
+                for dir in folders {
+                    self.forget(dir);
                 }
             }
             Changed::Unknown => {
@@ -104,6 +102,7 @@ impl Memory {
                 self.bytes = 0;
             }
         }
+        Some(changed)
     }
 
     fn forget(&mut self, dir: &Path) {
@@ -204,7 +203,7 @@ pub fn apply(
     memory: &mut Memory,
 ) -> Outcome {
     let started = Instant::now();
-    memory.forget_changed();
+    memory.take_changes();
     let mut walk = Walk::new(matcher, targets, memory);
     walk.folder(dir, 0);
     walk.await_fills(fill_wait);
@@ -220,20 +219,13 @@ pub fn apply(
 /// was busy, or the body was slow): swept a moment later, it is invalidated too. Without
 /// watches there is nothing to tell: nothing is swept.
 pub fn sweep(dir: &Path, matcher: &Matcher, targets: &[Target], memory: &mut Memory) -> Outcome {
-    let changed = match memory.watches.as_mut().map(Watches::changed) {
+    let changed = match memory.take_changes() {
         None => return Outcome::default(),
-        Some(Changed::Unknown) => {
-            memory.folders.clear();
-            memory.bytes = 0;
-            return apply(dir, matcher, targets, Duration::ZERO, memory);
-        }
+        Some(Changed::Unknown) => return apply(dir, matcher, targets, Duration::ZERO, memory),
         Some(Changed::Folders(changed)) => changed,
     };
     let mut changed: Vec<PathBuf> = changed.into_iter().collect();
     changed.sort();
-    for folder in &changed {
-        memory.forget(folder);
-    }
     let mut walk = Walk::new(matcher, targets, memory);
     for folder in &changed {
         // Read already, as a subfolder of one read before it.
@@ -503,7 +495,9 @@ impl<'a> Walk<'a> {
     /// Reads again the cache files of the folders whose content changed since they were read:
     /// fills that nginx wrote and renamed at once, from memory, while the walk ran.
     fn walk_changed_folders(&mut self) {
-        let events = self.known.watches.as_mut().map(Watches::changed);
+        // Changed while walked: forgotten, read again by the next walk too (also the folders of
+        // no file, whose events are taken here).
+        let events = self.known.take_changes();
         let changed: Vec<PathBuf> = self
             .folders
             .iter()
@@ -516,20 +510,6 @@ impl<'a> Walk<'a> {
             })
             .map(|(dir, _)| dir.clone())
             .collect();
-        // Changed while walked: read again by the next walk too (also the folders of no file,
-        // whose events are taken here).
-        match &events {
-            Some(Changed::Folders(changed)) => {
-                for dir in changed {
-                    self.known.forget(dir);
-                }
-            }
-            Some(Changed::Unknown) => {
-                self.known.folders.clear();
-                self.known.bytes = 0;
-            }
-            None => {}
-        }
         for dir in &changed {
             self.known.forget(dir);
         }

@@ -116,19 +116,41 @@ struct Lingering {
 }
 
 impl Lingering {
-    fn forget_old(&mut self) {
-        self.purges.retain(|(_, _, until)| Instant::now() < *until);
+    /// The purges still lingering (those whose time is over forgotten).
+    fn current(&mut self) -> (Vec<Selection>, Vec<Target>) {
+        let now = Instant::now();
+        self.purges.retain(|(_, _, until)| now < *until);
+        self.purges.iter().map(|(s, t, _)| (s.clone(), *t)).unzip()
+    }
+
+    /// Keeps `selections` applied for [`LINGER`] to the fills dated before their second.
+    fn add(&mut self, selections: Vec<Selection>, targets: &[Target]) {
+        let until = Instant::now() + LINGER;
+        let before = |t: &Target| Target {
+            cutoff: t.cutoff - 1,
+            ..*t
+        };
+        (self.purges).extend(
+            selections
+                .into_iter()
+                .zip(targets)
+                .map(|(s, t)| (s, before(t), until)),
+        );
     }
 
     /// Sweeps what changed since the last walk or sweep with the purges lingering.
     fn sweep(&mut self, dir: &std::path::Path, memory: &mut scan::Memory) {
-        self.forget_old();
-        if self.purges.is_empty() {
+        let (selections, targets) = self.current();
+        if selections.is_empty() {
             return;
         }
-        let (selections, targets): (Vec<Selection>, Vec<Target>) =
-            self.purges.iter().map(|(s, t, _)| (s.clone(), *t)).unzip();
-        scan::sweep(dir, &Matcher::new(&selections), &targets, memory);
+        let outcome = scan::sweep(dir, &Matcher::new(&selections), &targets, memory);
+        if let Some(error) = outcome.first_error {
+            eprintln!(
+                "cdn-operator: nginx-metrics: sweeping the fills after a purge: {} cache files could not be read or written, first {error}",
+                outcome.errors
+            );
+        }
     }
 }
 
@@ -143,7 +165,7 @@ fn apply(
     lingering: &mut Lingering,
 ) -> Result<Applied, String> {
     let started = Instant::now();
-    let mut selections = batch
+    let selections = batch
         .purges
         .iter()
         .map(|p| Selection::new(p).map_err(|e| format!("purge {}: {e}", p.id)))
@@ -162,37 +184,20 @@ fn apply(
             }
         })
         .collect::<Vec<Target>>();
-    let asked = selections.len();
-    lingering.forget_old();
-    let until = Instant::now() + LINGER;
-    let mut all_targets = targets.clone();
-    for (selection, target, _) in &lingering.purges {
-        selections.push(selection.clone());
-        all_targets.push(*target);
-    }
+    // The batch's purges first: the counts are theirs.
+    let (mut all_selections, mut all_targets) = (selections.clone(), targets.clone());
+    let (lingering_selections, lingering_targets) = lingering.current();
+    all_selections.extend(lingering_selections);
+    all_targets.extend(lingering_targets);
     let mut outcome = scan::apply(
         dir,
-        &Matcher::new(&selections),
+        &Matcher::new(&all_selections),
         &all_targets,
         FILL_WAIT,
         memory,
     );
-    outcome.invalidated.truncate(asked);
-    lingering
-        .purges
-        .extend(
-            selections
-                .into_iter()
-                .zip(targets)
-                .take(asked)
-                .map(|(selection, target)| {
-                    let before = Target {
-                        cutoff: target.cutoff - 1,
-                        ..target
-                    };
-                    (selection, before, until)
-                }),
-        );
+    outcome.invalidated.truncate(targets.len());
+    lingering.add(selections, &targets);
     if let Some(error) = &outcome.first_error {
         // Files it could not read or write: the objects they hold may still be served.
         return Err(format!(
