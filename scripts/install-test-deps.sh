@@ -16,8 +16,12 @@ command -v dot >/dev/null 2>&1 || apt_packages+=(graphviz)
 # The browser in which the Mermaid CLI renders `cdn-operator graph -o mermaid`: puppeteer's own
 # browser download is out of reach, Debian's chromium is not.
 command -v chromium >/dev/null 2>&1 || apt_packages+=(chromium)
-# wrk drives the throughput row of the data-plane benchmark (e2e/src/bin/dataplane.rs).
+# wrk drives the throughput row of the data-plane benchmark (e2e/src/bin/dataplane/).
 command -v wrk >/dev/null 2>&1 || apt_packages+=(wrk)
+# The caches users would pick instead, measured beside the generated one in the same benchmark
+# (its rows 20 to 26): Varnish and Apache Traffic Server, Debian stable's.
+command -v varnishd >/dev/null 2>&1 || apt_packages+=(varnish)
+command -v traffic_server >/dev/null 2>&1 || apt_packages+=(trafficserver)
 
 if [ ${#apt_packages[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive

@@ -407,6 +407,9 @@ pub fn render(
          {access_log}\
          \x20   server_tokens off;\n\
          \x20   sendfile on;\n\
+         \x20   # A cached object's body starts after its headers in the cache file, not on a page: one\n\
+         \x20   # big sendfile from there costs a 1 MiB hit a quarter of its throughput; 128k calls do not.\n\
+         \x20   sendfile_max_chunk 128k;\n\
          \x20   tcp_nopush on;\n\
          \x20   keepalive_timeout 65s;\n\
          \x20   keepalive_requests 10000;\n\
@@ -591,8 +594,8 @@ pub fn render(
              \x20       proxy_cache_lock_timeout {lock}s;\n\
              \x20       proxy_cache_lock_age {lock}s;\n\
              \x20       # What is cached is served while the source fails, hangs or is being asked again by\n\
-             \x20       # another request. No background update: its request carries no slice range, the\n\
-             \x20       # slice module refuses the whole answer, and the object stays stale for good.\n\
+             \x20       # another request. No background update: its subrequest has no slice of its own,\n\
+             \x20       # fetches the whole object under another key, and the slices stay stale for good.\n\
              \x20       proxy_cache_use_stale error timeout invalid_header updating http_500 http_502 http_503 http_504;\n\
              \x20       proxy_cache_revalidate on;\n\
              \x20       # Each cache reports its own status, not the one of a cache behind it.\n\

@@ -36,11 +36,14 @@
 //! (`/site/page.html` from `sites/$host/`), 503 (`/err/*`), `Cache-Control: no-cache`
 //! (`/nocache/*`), 404 (anything missing), live manifests (`/live/*.m3u8`, no Cache-Control nor
 //! Expires), a slow 64 KiB object (`/slow/*`, 128 KiB/s: 0.5 s, so that concurrent misses
-//! overlap), a 1 MiB object (`/mib/*`), versioned objects (`/pv/*`, files of row 16) and the 1 KiB
-//! object tagged by its path (`/pt/TAG/*`, `Surrogate-Key: TAG`). A hung origin is every process
-//! of its sandbox stopped (SIGSTOP), then continued.
-//! A second nginx serves the 1 KiB file directly (static, with the generated configurations'
-//! http settings: workers, sendfile, keepalive, buffered access log) as the throughput limit.
+//! overlap), a 1 MiB object (`/mib/*`), a 4 MiB one (`/m4/*`), 16 files of 0.5 to 2 MiB
+//! (`/z/SERVER/RANK-CLASS`, row 23), the 1 KiB object with a lifetime of 1 s (`/short/*`),
+//! versioned objects (`/pv/*`, files of row 16) and the 1 KiB object tagged by its path
+//! (`/pt/TAG/*`, `Surrogate-Key: TAG`). A hung origin is every process of its sandbox stopped
+//! (SIGSTOP), then continued.
+//! A second nginx serves the files directly (static, with the generated configurations' http
+//! settings: workers, sendfile, keepalive, buffered access log, but nginx's own
+//! `sendfile_max_chunk`: its files start on a page) as the throughput limit.
 //!
 //! Measured (rows of the table; each row asks for URLs of its own):
 //! 1. TCP connections the origin accepts (stub_status) for 500 sequential misses over one
@@ -85,6 +88,14 @@
 //! 17. 10,000 objects tagged `bulk` (Surrogate-Key) and 1,000 tagged `other` cached, then one
 //!     purge of the key `bulk`: the time until both cache pods applied it, objects invalidated,
 //!     and then misses among 500 `bulk` objects, hits among the 1,000 `other` ones.
+//! 20. to 26. the generated configuration beside the caches users would pick instead, Varnish
+//!     and Apache Traffic Server, each one tier in front of the same origin (`peers.rs`: how each
+//!     runs; the generated one is the pod of `cache-1`, asked directly): req/s of cached objects
+//!     of 1 KiB, 1 MiB and 4 MiB against nginx serving the file, servers interleaved, the median
+//!     of `max(--wrk-rounds, 3)` rounds (20a to 20c); a cold 1 MiB miss (21); 200 concurrent misses
+//!     of a slow object (22); a Zipf workload, every cache given a tenth of the set (23); objects
+//!     expired while the origin hangs 15 s (24); 200 concurrent requests for a `no-cache` object
+//!     (25); a cached 1 KiB object through two tiers of each kind (26). `--only peers` runs them.
 //!
 //! Each column (`--before`: an older binary's configurations; `after`: this workspace's binary,
 //! found as the e2e crate finds it) runs the rows on a fresh origin, caches and balancer; the
@@ -94,6 +105,8 @@
 //! threads for concurrency, `wrk` for throughput. Everything ends by itself: bounded loops,
 //! timeouts, every nginx stopped on exit (and, bubblewrap's `--die-with-parent`, if this process
 //! dies).
+
+mod peers;
 
 use cdn_operator::cdncluster::build::{self, CONFIG_KEY, ENTRYPOINT_KEY};
 use cdn_operator::cdncluster::nginx::{
@@ -376,6 +389,21 @@ const ROWS: &[(&str, &str, &str)] = &[
     ("17a", "purge by surrogate key of 10,000 tagged objects: time until applied", "<= 2 s"),
     ("17b", "after it: misses among 500 of them, hits among 1,000 of another key",
         "500, >= 99 %"),
+    ("20a", "req/s, cached 1 KiB, one tier: each server / nginx direct (wrk -t1 -c50)",
+        ">= 0.95, >= best peer"),
+    ("20b", "req/s, cached 1 MiB, one tier: each server / nginx direct", ">= 0.92, >= best peer"),
+    ("20c", "req/s, cached 4 MiB, one tier: each server / nginx direct", "-"),
+    ("21", "cold miss of 1 MiB, one tier: time to last byte, bytes from the origin", "-"),
+    ("22", "200 concurrent misses of one slow object (0.5 s), one tier: origin requests",
+        "generated: 1"),
+    ("23", "Zipf over 0.5-2 MiB objects, room a tenth of the set: hit ratio, origin B per B",
+        "generated >= best peer"),
+    ("24", "10 expired objects asked twice, origin hung 15 s: slowest, over 0.5 s",
+        "generated <= 0.5 s"),
+    ("25", "200 concurrent requests, no-cache object, one tier: p50, origin requests",
+        "generated p50 <= 0.2 s"),
+    ("26", "req/s, cached 1 KiB, two tiers (balancer->cache, Varnish->Varnish, ATS->ATS) / direct",
+        "-"),
 ];
 
 /// One measured line of the table.
@@ -438,11 +466,11 @@ struct Desired {
     deployment: Deployment,
 }
 
-/// The topology; `valid`: a `cache.valid` given to both caches (a change of their configuration);
-/// `signed`: the balancer with signed URLs.
-fn topology(valid: Option<&str>, signed: bool) -> String {
-    let cache = valid
-        .map(|v| format!("  cache: {{valid: {v}}}\n"))
+/// The topology; `cache`: the fields of a `cache` given to both caches (`valid: 20m`, a change of
+/// their configuration); `signed`: the balancer with signed URLs.
+fn topology(cache: Option<&str>, signed: bool) -> String {
+    let cache = cache
+        .map(|c| format!("  cache: {{{c}}}\n"))
         .unwrap_or_default();
     let mut yaml = String::from(
         "apiVersion: cluster.anevia.com/v1\nkind: CdnCluster\nmetadata: {name: edge, namespace: default}\n\
@@ -460,19 +488,20 @@ fn topology(valid: Option<&str>, signed: bool) -> String {
     yaml
 }
 
-/// `binary render -f` of the topology (written to `dir`/`file`): the children of each CdnCluster.
+/// `binary render -f` of the topology (written to `dir`/`file`, `cache` as [`topology`] takes it):
+/// the children of each CdnCluster.
 /// With `metrics`, as an operator given a metrics image renders it: every pod with its metrics
 /// sidecar, of the same binary; with `signed`, the balancer with signed URLs.
 fn render(
     binary: &Path,
     dir: &Path,
     file: &str,
-    valid: Option<&str>,
+    cache: Option<&str>,
     metrics: bool,
     signed: bool,
 ) -> Result<BTreeMap<String, Desired>, String> {
     let path = dir.join(file);
-    std::fs::write(&path, topology(valid, signed))
+    std::fs::write(&path, topology(cache, signed))
         .map_err(|e| format!("writing {}: {e}", path.display()))?;
     let mut command = Command::new(binary);
     command.arg("render");
@@ -928,6 +957,9 @@ fn origin_config(www: &Path, dir: &Path, log: &Path) -> String {
          \x20   location /obj/ {{ rewrite ^ /1k.bin break; }}\n\
          \x20   location /big/ {{ rewrite ^ /50m.bin break; }}\n\
          \x20   location /mib/ {{ rewrite ^ /1m.bin break; }}\n\
+         \x20   location /m4/ {{ rewrite ^ /4m.bin break; }}\n\
+         \x20   location ~ ^/z/[0-9]+/[0-9]+-(?<class>[0-9]+)$ {{ rewrite ^ /zipf/$class.bin break; }}\n\
+         \x20   location /short/ {{ add_header Cache-Control max-age=1; rewrite ^ /1k.bin break; }}\n\
          \x20   location /slow/ {{ limit_rate 128k; rewrite ^ /64k.bin break; }}\n\
          \x20   location /nocache/ {{ add_header Cache-Control no-cache; rewrite ^ /1k.bin break; }}\n\
          \x20   location /err/ {{ return 503 \"origin failure\\n\"; }}\n\
@@ -1105,6 +1137,9 @@ impl Cdn {
             if resets {
                 self.reset_balancer(setup);
             }
+        }
+        if peers::IDS.iter().any(|id| peers::runs(setup, id)) {
+            figures.extend(self.rows_peers(setup));
         }
         figures
     }
@@ -1982,7 +2017,7 @@ impl Cdn {
             &self.binary,
             &self.dir,
             "topology-changed.yaml",
-            Some("20m"),
+            Some("valid: 20m"),
             false,
             false,
         ) {
@@ -2637,6 +2672,9 @@ fn make_content(www: &Path) {
     write(&www.join("1k.bin"), &pattern(1024));
     write(&www.join("64k.bin"), &pattern(64 * 1024));
     write(&www.join("1m.bin"), &pattern(1 << 20));
+    write(&www.join("4m.bin"), &pattern(4 << 20));
+    mkdir(&www.join("zipf"));
+    peers::make_zipf_content(www, write);
     // Random bytes, so that nothing on the way compresses them.
     let mut state: u64 = 0x9e37_79b9_7f4a_7c15;
     let mut big = Vec::with_capacity(BIG as usize);
