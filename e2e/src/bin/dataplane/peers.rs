@@ -413,6 +413,35 @@ fn get_from(addr: &str, path: &str) -> io::Result<Response> {
     Client::once(addr, "GET", path, &[("Host", HOST)])
 }
 
+/// What 200 concurrent requests for one object did on one server (rows 22 and 25).
+struct Herd<'a> {
+    name: &'a str,
+    origin_requests: usize,
+    p50_ms: f64,
+    max_ms: f64,
+    failures: Failures,
+}
+
+impl<'a> Herd<'a> {
+    fn shown(&self) -> (&'a str, String) {
+        (
+            self.name,
+            format!(
+                "{} origin req, p50 {:.0} ms, slowest {:.0} ms{}",
+                self.origin_requests,
+                self.p50_ms,
+                self.max_ms,
+                self.failures.suffix()
+            ),
+        )
+    }
+
+    fn to_json(&self) -> Value {
+        json!({"server": self.name, "origin_requests": self.origin_requests,
+            "p50_ms": self.p50_ms, "max_ms": self.max_ms, "failed": self.failures.to_json()})
+    }
+}
+
 /// Latencies in ms, sorted; p50 and max.
 fn p50_max(mut ms: Vec<f64>) -> (f64, f64) {
     ms.sort_by(f64::total_cmp);
@@ -600,11 +629,21 @@ impl Cdn {
     /// Row 22: 200 concurrent misses of one slow object (64 KiB at 128 KiB/s: 0.5 s) per
     /// one-tier server, in turn: origin requests, p50 and slowest.
     fn row22_concurrent_misses(&mut self, peers: &Peers) -> Vec<Figure> {
-        let mut values = Vec::new();
-        let mut data = Vec::new();
-        let mut generated_origin = None;
-        for (i, (name, addr)) in peers.one_tier().iter().enumerate() {
-            let path = format!("/slow/p22-{i}");
+        let herds = self.herds(peers, "/slow/p22");
+        let generated_origin = herds.first().map(|h| h.origin_requests);
+        vec![figure(
+            "22",
+            per_server(&herds.iter().map(Herd::shown).collect::<Vec<_>>()),
+            generated_origin.map(|n| n == 1),
+            json!(herds.iter().map(Herd::to_json).collect::<Vec<_>>()),
+        )]
+    }
+
+    /// 200 concurrent requests for `PREFIX-I` of each one-tier server `I`, in turn.
+    fn herds<'p>(&mut self, peers: &'p Peers, prefix: &str) -> Vec<Herd<'p>> {
+        let mut herds = Vec::new();
+        for (i, (name, addr)) in peers.one_tier().into_iter().enumerate() {
+            let path = format!("{prefix}-{i}");
             let mark = self.log.mark();
             let results = parallel(200, 200, |_| {
                 let t = Instant::now();
@@ -612,35 +651,21 @@ impl Cdn {
                 (r, t.elapsed())
             });
             let entries = self.log.settle(mark, &path, Duration::from_millis(500));
-            let (p50, max) = p50_max(
+            let (p50_ms, max_ms) = p50_max(
                 results
                     .iter()
                     .map(|(_, t)| t.as_secs_f64() * 1000.0)
                     .collect(),
             );
-            let failures = Failures::of(results.into_iter().map(|(r, _)| r), 200);
-            if i == 0 {
-                generated_origin = Some(entries.len());
-            }
-            values.push((
-                *name,
-                format!(
-                    "{} origin req, p50 {p50:.0} ms, slowest {max:.0} ms{}",
-                    entries.len(),
-                    failures.suffix()
-                ),
-            ));
-            data.push(
-                json!({"server": name, "origin_requests": entries.len(), "p50_ms": p50,
-                "max_ms": max, "failed": failures.to_json()}),
-            );
+            herds.push(Herd {
+                name,
+                origin_requests: entries.len(),
+                p50_ms,
+                max_ms,
+                failures: Failures::of(results.into_iter().map(|(r, _)| r), 200),
+            });
         }
-        vec![figure(
-            "22",
-            per_server(&values),
-            generated_origin.map(|n| n == 1),
-            json!(data),
-        )]
+        herds
     }
 
     /// Row 23: a Zipf workload over `ZIPF_OBJECTS` objects of 0.5 to 2 MiB, every server's
@@ -867,44 +892,13 @@ impl Cdn {
     /// Row 25: 200 concurrent requests for an object the origin marks `no-cache`, per one-tier
     /// server in turn: p50, origin requests.
     fn row25_uncacheable(&mut self, peers: &Peers) -> Vec<Figure> {
-        let mut values = Vec::new();
-        let mut data = Vec::new();
-        let mut generated_p50 = None;
-        for (i, (name, addr)) in peers.one_tier().iter().enumerate() {
-            let path = format!("/nocache/p25-{i}");
-            let mark = self.log.mark();
-            let results = parallel(200, 200, |_| {
-                let t = Instant::now();
-                let r = get_from(addr, &path);
-                (r, t.elapsed())
-            });
-            let entries = self.log.settle(mark, &path, Duration::from_millis(500));
-            let (p50, max) = p50_max(
-                results
-                    .iter()
-                    .map(|(_, t)| t.as_secs_f64() * 1000.0)
-                    .collect(),
-            );
-            let failures = Failures::of(results.into_iter().map(|(r, _)| r), 200);
-            if i == 0 {
-                generated_p50 = Some(p50);
-            }
-            values.push((
-                *name,
-                format!(
-                    "p50 {p50:.0} ms, slowest {max:.0} ms, {} origin req{}",
-                    entries.len(),
-                    failures.suffix()
-                ),
-            ));
-            data.push(json!({"server": name, "p50_ms": p50, "max_ms": max,
-                "origin_requests": entries.len(), "failed": failures.to_json()}));
-        }
+        let herds = self.herds(peers, "/nocache/p25");
+        let generated_p50 = herds.first().map(|h| h.p50_ms);
         vec![figure(
             "25",
-            per_server(&values),
+            per_server(&herds.iter().map(Herd::shown).collect::<Vec<_>>()),
             generated_p50.map(|p| p <= 200.0),
-            json!(data),
+            json!(herds.iter().map(Herd::to_json).collect::<Vec<_>>()),
         )]
     }
 
