@@ -442,6 +442,71 @@ impl<'a> Herd<'a> {
     }
 }
 
+/// What `wrk` measured of a path on each server, in rounds.
+struct Rounds {
+    /// req/s of nginx serving the file, a value per round.
+    direct: Vec<f64>,
+    /// Per server, req/s and the ratio to the round's direct figure.
+    rps: Vec<Vec<f64>>,
+    ratios: Vec<Vec<f64>>,
+    errors: Vec<String>,
+}
+
+/// `max(--wrk-rounds, 3)` rounds of `wrk` of nginx serving `file`, then of `path` on each of
+/// `servers` in turn: runs seconds apart share the machine's load of the moment.
+fn interleaved(setup: &Setup, file: &str, servers: &[(&str, &str)], path: &str) -> Rounds {
+    let mut rounds = Rounds {
+        direct: Vec::new(),
+        rps: vec![Vec::new(); servers.len()],
+        ratios: vec![Vec::new(); servers.len()],
+        errors: Vec::new(),
+    };
+    for _ in 0..setup.wrk_rounds.max(3) {
+        let direct = match wrk(&format!("http://{DIRECT}{file}"), setup.wrk_seconds) {
+            Ok(run) => run.rps,
+            Err(e) => {
+                rounds.errors.push(format!("direct: {e}"));
+                continue;
+            }
+        };
+        rounds.direct.push(direct);
+        for (i, (name, addr)) in servers.iter().enumerate() {
+            match wrk(&format!("http://{addr}{path}"), setup.wrk_seconds) {
+                Ok(run) => {
+                    if run.errors > 0 {
+                        rounds.errors.push(format!("{name}: {} errors", run.errors));
+                    }
+                    rounds.rps[i].push(run.rps);
+                    rounds.ratios[i].push(run.rps / direct);
+                }
+                Err(e) => rounds.errors.push(format!("{name}: {e}")),
+            }
+        }
+    }
+    rounds
+}
+
+/// Each server's median ratio, as a figure shows it.
+fn ratios_shown<'a>(
+    servers: &[(&'a str, &str)],
+    medians: &[Option<f64>],
+) -> Vec<(&'a str, String)> {
+    servers
+        .iter()
+        .zip(medians)
+        .map(|((n, _), m)| (*n, m.map_or("-".into(), |m| format!("{m:.2}"))))
+        .collect()
+}
+
+/// `, 3 failed`; nothing when none failed.
+fn failed_suffix(failed: usize) -> String {
+    if failed > 0 {
+        format!(", {failed} failed")
+    } else {
+        String::new()
+    }
+}
+
 /// Latencies in ms, sorted; p50 and max.
 fn p50_max(mut ms: Vec<f64>) -> (f64, f64) {
     ms.sort_by(f64::total_cmp);
@@ -514,7 +579,6 @@ impl Cdn {
             ("20c", "/m4/p20", "/4m.bin", None),
         ];
         let servers = peers.one_tier();
-        let rounds = setup.wrk_rounds.max(3);
         let mut figures = Vec::new();
         for (id, path, file, target) in objects {
             for (_, addr) in servers {
@@ -524,32 +588,12 @@ impl Cdn {
             }
             let hit = get_from(GENERATED, path)
                 .is_ok_and(|r| r.header(CACHE_STATUS_HEADER) == Some("HIT"));
-            let mut direct = Vec::new();
-            let mut ratios: Vec<Vec<f64>> = vec![Vec::new(); servers.len()];
-            let mut rps: Vec<Vec<f64>> = vec![Vec::new(); servers.len()];
-            let mut errors = Vec::new();
-            for _ in 0..rounds {
-                let d = match wrk(&format!("http://{DIRECT}{file}"), setup.wrk_seconds) {
-                    Ok(run) => run.rps,
-                    Err(e) => {
-                        errors.push(format!("direct: {e}"));
-                        continue;
-                    }
-                };
-                direct.push(d);
-                for (i, (name, addr)) in servers.iter().enumerate() {
-                    match wrk(&format!("http://{addr}{path}"), setup.wrk_seconds) {
-                        Ok(run) => {
-                            if run.errors > 0 {
-                                errors.push(format!("{name}: {} errors", run.errors));
-                            }
-                            rps[i].push(run.rps);
-                            ratios[i].push(run.rps / d);
-                        }
-                        Err(e) => errors.push(format!("{name}: {e}")),
-                    }
-                }
-            }
+            let Rounds {
+                direct,
+                rps,
+                ratios,
+                errors,
+            } = interleaved(setup, file, &servers, path);
             let medians: Vec<Option<f64>> = ratios.iter().map(|r| median(r)).collect();
             let best_peer = medians[1..]
                 .iter()
@@ -560,13 +604,7 @@ impl Cdn {
             let shown = match (generated, median(&direct)) {
                 (Some(g), Some(d)) => format!(
                     "{} (direct {d:.0} req/s); generated / best peer {}{}{}",
-                    per_server(
-                        &servers
-                            .iter()
-                            .zip(&medians)
-                            .map(|((n, _), m)| (*n, m.map_or("-".into(), |m| format!("{m:.2}"))))
-                            .collect::<Vec<_>>()
-                    ),
+                    per_server(&ratios_shown(&servers, &medians)),
                     best_peer.map_or("-".into(), |b| format!("{:.2}", g / b)),
                     if hit { "" } else { ", not a HIT" },
                     if errors.is_empty() { "" } else { ", errors" },
@@ -773,11 +811,7 @@ impl Cdn {
                     "hits {:.1} %, origin {per_byte:.3} B/B{}{}",
                     hit_ratio * 100.0,
                     peak_mib.map_or(String::new(), |p| format!(", files up to {p} MiB")),
-                    if failed > 0 {
-                        format!(", {failed} failed")
-                    } else {
-                        String::new()
-                    }
+                    failed_suffix(failed)
                 ),
             ));
             data.push(
@@ -868,11 +902,7 @@ impl Cdn {
                 *name,
                 format!(
                     "slowest {slowest:.2} s, {slow}/20 over 0.5 s{}",
-                    if failed > 0 {
-                        format!(", {failed} failed")
-                    } else {
-                        String::new()
-                    }
+                    failed_suffix(failed)
                 ),
             ));
             data.push(
@@ -916,33 +946,16 @@ impl Cdn {
                 let _ = get_from(addr, path);
             }
         }
-        let mut ratios: Vec<Vec<f64>> = vec![Vec::new(); servers.len()];
-        let mut direct = Vec::new();
-        let mut errors = Vec::new();
-        for _ in 0..setup.wrk_rounds.max(3) {
-            let Ok(d) = wrk(&format!("http://{DIRECT}/1k.bin"), setup.wrk_seconds) else {
-                errors.push("direct".to_string());
-                continue;
-            };
-            direct.push(d.rps);
-            for (i, (name, addr)) in servers.iter().enumerate() {
-                match wrk(&format!("http://{addr}{path}"), setup.wrk_seconds) {
-                    Ok(run) if run.errors == 0 => ratios[i].push(run.rps / d.rps),
-                    Ok(run) => errors.push(format!("{name}: {} errors", run.errors)),
-                    Err(e) => errors.push(format!("{name}: {e}")),
-                }
-            }
-        }
+        let Rounds {
+            direct,
+            ratios,
+            errors,
+            ..
+        } = interleaved(setup, "/1k.bin", &servers, path);
         let medians: Vec<Option<f64>> = ratios.iter().map(|r| median(r)).collect();
         let shown = format!(
             "{} (direct {:.0} req/s){}",
-            per_server(
-                &servers
-                    .iter()
-                    .zip(&medians)
-                    .map(|((n, _), m)| (*n, m.map_or("-".into(), |m| format!("{m:.2}"))))
-                    .collect::<Vec<_>>()
-            ),
+            per_server(&ratios_shown(&servers, &medians)),
             median(&direct).unwrap_or_default(),
             if errors.is_empty() {
                 String::new()
