@@ -2508,7 +2508,12 @@ fn becomes_hit(path: &str) -> bool {
 }
 
 fn get_once(path: &str) -> io::Result<Response> {
-    Client::once(EDGE, "GET", path, &[("Host", HOST)])
+    get_from(EDGE, path)
+}
+
+/// A GET of `path` from `addr` with the benchmark's Host, on a connection of its own.
+fn get_from(addr: &str, path: &str) -> io::Result<Response> {
+    Client::once(addr, "GET", path, &[("Host", HOST)])
 }
 
 /// The response's X-Cache-Status; `-` without one, or without a response.

@@ -408,11 +408,6 @@ fn disk_usage(dir: &Path) -> u64 {
     total
 }
 
-/// A GET of `path` from `addr` with the benchmark's Host, on a connection of its own.
-fn get_from(addr: &str, path: &str) -> io::Result<Response> {
-    Client::once(addr, "GET", path, &[("Host", HOST)])
-}
-
 /// What 200 concurrent requests for one object did on one server (rows 22 and 25).
 struct Herd<'a> {
     name: &'a str,
@@ -667,12 +662,24 @@ impl Cdn {
     /// Row 22: 200 concurrent misses of one slow object (64 KiB at 128 KiB/s: 0.5 s) per
     /// one-tier server, in turn: origin requests, p50 and slowest.
     fn row22_concurrent_misses(&mut self, peers: &Peers) -> Vec<Figure> {
-        let herds = self.herds(peers, "/slow/p22");
-        let generated_origin = herds.first().map(|h| h.origin_requests);
+        self.herd_row(peers, "22", "/slow/p22", |generated| {
+            generated.origin_requests == 1
+        })
+    }
+
+    /// The figure `id` of [`Self::herds`] of `prefix`, its target `met` by the generated cache.
+    fn herd_row(
+        &mut self,
+        peers: &Peers,
+        id: &str,
+        prefix: &str,
+        met: impl Fn(&Herd) -> bool,
+    ) -> Vec<Figure> {
+        let herds = self.herds(peers, prefix);
         vec![figure(
-            "22",
+            id,
             per_server(&herds.iter().map(Herd::shown).collect::<Vec<_>>()),
-            generated_origin.map(|n| n == 1),
+            herds.first().map(met),
             json!(herds.iter().map(Herd::to_json).collect::<Vec<_>>()),
         )]
     }
@@ -922,14 +929,9 @@ impl Cdn {
     /// Row 25: 200 concurrent requests for an object the origin marks `no-cache`, per one-tier
     /// server in turn: p50, origin requests.
     fn row25_uncacheable(&mut self, peers: &Peers) -> Vec<Figure> {
-        let herds = self.herds(peers, "/nocache/p25");
-        let generated_p50 = herds.first().map(|h| h.p50_ms);
-        vec![figure(
-            "25",
-            per_server(&herds.iter().map(Herd::shown).collect::<Vec<_>>()),
-            generated_p50.map(|p| p <= 200.0),
-            json!(herds.iter().map(Herd::to_json).collect::<Vec<_>>()),
-        )]
+        self.herd_row(peers, "25", "/nocache/p25", |generated| {
+            generated.p50_ms <= 200.0
+        })
     }
 
     /// Row 26: a cached 1 KiB object through two tiers (the balancer over the caches; Varnish
