@@ -776,9 +776,74 @@ fn live_manifests_follow_the_origin_when_it_says_nothing() {
     world.put("/vod/notes.txt", b"v2.");
     world.put("/live/index.m3u8", b"#EXTM3U\n#1\n#2\n");
     std::thread::sleep(Duration::from_millis(2100));
-    assert_eq!(world.get("/vod/notes.txt", &[]).body, "v2.");
+    // Short-lived, so refreshed in the background: the request that finds it expired gets the
+    // cached copy at once, the next ones the new version.
+    let r = world.get("/vod/notes.txt", &[]);
+    assert_eq!(
+        (r.header(CACHE_STATUS_HEADER), r.body.as_str()),
+        (Some("STALE"), "v1")
+    );
+    let notes = settle(
+        Duration::from_secs(5),
+        Duration::from_millis(100),
+        || world.get("/vod/notes.txt", &[]).body,
+        |body| body == "v2.",
+    );
+    assert_eq!(notes, "v2.");
     // The default manifest rule (2 s) is gone: the manifest keeps `valid` (10 m).
     assert_eq!(world.get("/live/index.m3u8", &[]).body, "#EXTM3U\n#1\n");
+}
+
+#[test]
+fn an_expired_manifest_is_answered_at_once_while_the_origin_hangs_and_refreshed_after() {
+    let world = World::start(24, topology(|_| {}));
+    let manifests: Vec<String> = (0..5).map(|k| format!("/live/m{k}.m3u8")).collect();
+    for m in &manifests {
+        world.put(m, b"#EXTM3U\n#1\n");
+        assert_eq!(world.get(m, &[]).body, "#EXTM3U\n#1\n");
+    }
+    for m in &manifests {
+        world.put(m, b"#EXTM3U\n#1\n#2\n");
+    }
+    // Past the manifests' lifetime (2 s; nginx counts whole seconds), then the origin hangs.
+    std::thread::sleep(Duration::from_millis(3100));
+    world.origin.pause();
+    // Each asked three times in turn through the balancer, which reuses its connections to the
+    // caches: the first answer starts a refresh that waits on the hung origin, and the
+    // connection it came on is closed, not left to hold the next request for the 8 s read
+    // timeout.
+    let mut answers = Vec::new();
+    for _ in 0..3 {
+        for m in &manifests {
+            let started = Instant::now();
+            let r = world.get(m, &[]);
+            answers.push((m.clone(), r, started.elapsed()));
+        }
+    }
+    world.origin.resume();
+    for (m, r, took) in &answers {
+        assert_eq!(
+            (r.status, r.body.as_str()),
+            (200, "#EXTM3U\n#1\n"),
+            "{m}: the cached copy"
+        );
+        assert!(
+            matches!(r.header(CACHE_STATUS_HEADER), Some("STALE" | "UPDATING")),
+            "{m}: {:?}",
+            r.header(CACHE_STATUS_HEADER)
+        );
+        assert!(*took < Duration::from_millis(500), "{m} took {took:?}");
+    }
+    // The origin answers again: the refreshes land, in the background.
+    for m in &manifests {
+        let body = settle(
+            Duration::from_secs(12),
+            Duration::from_millis(200),
+            || world.get(m, &[]).body,
+            |body| body == "#EXTM3U\n#1\n#2\n",
+        );
+        assert_eq!(body, "#EXTM3U\n#1\n#2\n", "{m} was not refreshed");
+    }
 }
 
 /// A ConfigMap or Secret volume as the kubelet writes it: `KEY -> ..data/KEY`,
@@ -2106,48 +2171,76 @@ fn a_hard_purge_is_a_miss_on_every_cache_at_once_and_leaves_the_rest_cached() {
 #[test]
 fn a_soft_purge_revalidates_and_serves_the_old_copy_while_the_origin_fails() {
     let mut world = World::start_counted(21, topology(|_| {}));
+    // A manifest is refreshed in the background: the request after a soft purge gets the copy
+    // at once, as after its lifetime, and the origin a conditional request.
     world.put("/soft/a.m3u8", b"playlist v1");
-    assert_eq!(
-        world.get("/soft/a.m3u8", &[]).header(CACHE_STATUS_HEADER),
-        Some("MISS")
-    );
-    // The origin has not changed it: a conditional request, a 304, the copy kept.
+    world.get("/soft/a.m3u8", &[]);
     let applied = world.purge(&[purge(|p| {
         p.mode = wire::Mode::Soft;
-        p.prefixes = vec!["/soft/".into()];
+        p.paths = vec!["/soft/a.m3u8".into()];
     })]);
     assert_eq!(invalidated(&applied), [1]);
     let r = world.get("/soft/a.m3u8", &[]);
     assert_eq!(
         (r.header(CACHE_STATUS_HEADER), r.body.as_str()),
-        (Some("REVALIDATED"), "playlist v1")
+        (Some("STALE"), "playlist v1")
+    );
+    let revalidated = settle(
+        Duration::from_secs(5),
+        Duration::from_millis(100),
+        || world.served_for("/soft/a.m3u8").last().map(|s| s.status),
+        |status| *status == Some(304),
+    );
+    assert_eq!(revalidated, Some(304));
+    let r = world.get("/soft/a.m3u8", &[]);
+    assert_eq!(
+        (r.header(CACHE_STATUS_HEADER), r.body.as_str()),
+        (Some("HIT"), "playlist v1")
+    );
+
+    // Any other object is revalidated by the request that finds it soft-purged.
+    world.put("/soft/a.txt", b"notes v1");
+    assert_eq!(
+        world.get("/soft/a.txt", &[]).header(CACHE_STATUS_HEADER),
+        Some("MISS")
+    );
+    // The origin has not changed it: a conditional request, a 304, the copy kept.
+    let applied = world.purge(&[purge(|p| {
+        p.mode = wire::Mode::Soft;
+        p.prefixes = vec!["/soft/a.t".into()];
+    })]);
+    assert_eq!(invalidated(&applied), [1]);
+    let r = world.get("/soft/a.txt", &[]);
+    assert_eq!(
+        (r.header(CACHE_STATUS_HEADER), r.body.as_str()),
+        (Some("REVALIDATED"), "notes v1")
     );
     assert_eq!(
-        world.served_for("/soft/a.m3u8").last().map(|s| s.status),
+        world.served_for("/soft/a.txt").last().map(|s| s.status),
         Some(304)
     );
     // The origin fails: the soft-purged copy is served, stale.
     world.purge(&[purge(|p| {
         p.mode = wire::Mode::Soft;
-        p.paths = vec!["/soft/a.m3u8".into()];
+        p.paths = vec!["/soft/a.txt".into()];
     })]);
     world.origin.signal(SIGQUIT);
     world.origin.wait_exit(Duration::from_secs(10));
-    let r = world.get("/soft/a.m3u8", &[]);
+    let r = world.get("/soft/a.txt", &[]);
     assert_eq!(
         (r.status, r.header(CACHE_STATUS_HEADER), r.body.as_str()),
-        (200, Some("STALE"), "playlist v1")
+        (200, Some("STALE"), "notes v1")
     );
     // A hard purge: gone, even while the origin fails.
-    world.purge(&[purge(|p| p.paths = vec!["/soft/a.m3u8".into()])]);
-    let r = world.get("/soft/a.m3u8", &[]);
+    world.purge(&[purge(|p| p.paths = vec!["/soft/a.txt".into()])]);
+    let r = world.get("/soft/a.txt", &[]);
     assert!(
         r.status == 502 || r.status == 504,
         "{} {}",
         r.status,
         r.body
     );
-    assert_ne!(r.body, "playlist v1");
+    assert_ne!(r.body, "notes v1");
 }
 
 #[test]

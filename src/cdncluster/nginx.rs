@@ -149,6 +149,42 @@ pub const DEFAULT_RULES: [(&str, &str); 2] = [
     ),
 ];
 
+/// Objects that live this long or less (seconds; live manifests) are cached whole and refreshed
+/// in the background: an expired one is answered at once from the cache, even while its source
+/// hangs. Longer-lived objects (segments, files) are cached by slices, which nginx 1.30 can only
+/// refresh in the foreground: a background subrequest has no slice of its own
+/// (`ngx_http_slice_range_variable`), so it would fetch the whole object under another key and
+/// leave the slices stale for good.
+pub const BACKGROUND_REFRESH_MAX_SECONDS: u64 = 60;
+
+/// Whether objects fresh for `valid` (nginx's time syntax, as the CRD admits it) are refreshed in
+/// the background ([`BACKGROUND_REFRESH_MAX_SECONDS`]).
+pub fn refreshed_in_background(valid: &str) -> bool {
+    lifetime_seconds(valid).is_some_and(|s| s <= BACKGROUND_REFRESH_MAX_SECONDS)
+}
+
+/// nginx's time syntax (`500ms`, `2s`, `10m`, `1d`, `1M`, `90`) in whole seconds, rounded up;
+/// `None` when it is not one.
+fn lifetime_seconds(valid: &str) -> Option<u64> {
+    let split = valid
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(valid.len());
+    let (digits, unit) = valid.split_at(split);
+    let n: u64 = digits.parse().ok()?;
+    let seconds = match unit {
+        "ms" => return Some(n.div_ceil(1000)),
+        "" | "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        "w" => 7 * 86_400,
+        "M" => 30 * 86_400,
+        "y" => 365 * 86_400,
+        _ => return None,
+    };
+    n.checked_mul(seconds)
+}
+
 /// A source whose address is known.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Upstream {
@@ -353,6 +389,8 @@ pub fn keys_zone_mib(size: &str) -> u64 {
 /// The variable holding the query string that identifies an object (`?a=1`, or empty): the query
 /// without the excluded parameters.
 const KEY_ARGS: &str = "$cdn_key_args";
+/// `close` for a response over HTTP/1 that started a background refresh, else empty.
+const STALE_CLOSE: &str = "$cdn_stale_close";
 /// The variables of the X-Forwarded-* headers sent upstream.
 const FORWARDED_FOR: &str = "$cdn_forwarded_for";
 const FORWARDED_PROTO: &str = "$cdn_forwarded_proto";
@@ -464,6 +502,25 @@ pub fn render(
             );
         }
         None => {}
+    }
+
+    let background_anywhere = refreshed_in_background(&cache.valid)
+        || cache
+            .rules
+            .iter()
+            .any(|(_, valid)| refreshed_in_background(valid));
+    if role == Role::Cache && background_anywhere {
+        // A response that started a background refresh is the only one STALE with no source
+        // asked (one served stale after a failure names the source it tried). HTTP/2 has no
+        // `Connection`, and a refresh holds only its stream.
+        let _ = writeln!(
+            c,
+            "    # `close` when this response started a background refresh.\n\
+             \x20   map \"$upstream_cache_status|$upstream_addr|$server_protocol\" {STALE_CLOSE} {{\n\
+             \x20       \"~^STALE\\|\\|HTTP/1\" close;\n\
+             \x20       default \"\";\n\
+             \x20   }}"
+        );
     }
 
     let pools = pools(upstreams);
@@ -594,8 +651,8 @@ pub fn render(
              \x20       proxy_cache_lock_timeout {lock}s;\n\
              \x20       proxy_cache_lock_age {lock}s;\n\
              \x20       # What is cached is served while the source fails, hangs or is being asked again by\n\
-             \x20       # another request. No background update: its subrequest has no slice of its own,\n\
-             \x20       # fetches the whole object under another key, and the slices stay stale for good.\n\
+             \x20       # another request; the request that finds it expired asks again and waits, but where\n\
+             \x20       # objects are refreshed in the background (short lifetimes, whole objects).\n\
              \x20       proxy_cache_use_stale error timeout invalid_header updating http_500 http_502 http_503 http_504;\n\
              \x20       proxy_cache_revalidate on;\n\
              \x20       # Each cache reports its own status, not the one of a cache behind it.\n\
@@ -964,6 +1021,15 @@ fn proxy(
     if strip_token {
         line("proxy_set_header Cookie $cdn_origin_cookie;");
     }
+    let background = role == Role::Cache && refreshed_in_background(valid);
+    if background {
+        line(
+            "# Short-lived: cached whole and refreshed in the background, so an expired object is",
+        );
+        line("# answered at once, even while the source hangs.");
+        line("slice 0;");
+        line("proxy_cache_background_update on;");
+    }
     if role == Role::Cache {
         line("proxy_set_header Range $slice_range;");
         line(&format!("proxy_cache_valid 200 206 301 302 {valid};"));
@@ -1018,12 +1084,19 @@ fn proxy(
         line(&format!(
             "add_header {UPSTREAM_HEADER} $upstream_addr always;"
         ));
-        if role == Role::Cache {
-            // A location's add_header replaces the server's: repeat the cache status.
-            line(&format!(
-                "add_header {CACHE_STATUS_HEADER} $upstream_cache_status always;"
-            ));
-        }
+    }
+    if role == Role::Cache && (pooled || background) {
+        // A location's add_header replaces the server's: repeat the cache status.
+        line(&format!(
+            "add_header {CACHE_STATUS_HEADER} $upstream_cache_status always;"
+        ));
+    }
+    if background {
+        // The connection of a response that started a background refresh takes no other
+        // request until the refresh ends (nginx keeps the request open): up to the read timeout
+        // while the source hangs. Closed after it, a client or a balancer in front asks again
+        // on another connection at once.
+        line(&format!("add_header Connection {STALE_CLOSE};"));
     }
     line(&format!("proxy_pass {}://source_{i};", up.scheme));
     b

@@ -836,6 +836,69 @@ fn only_trusted_proxies_forward_a_client_address() {
 }
 
 #[test]
+fn short_lifetimes_are_refreshed_in_the_background_whole_and_long_ones_by_slices() {
+    for (valid, background) in [
+        ("500ms", true),
+        ("2s", true),
+        ("60", true),
+        ("1m", true),
+        ("61s", false),
+        ("2m", false),
+        ("1d", false),
+        ("1y", false),
+        ("10x", false),
+    ] {
+        assert_eq!(nginx::refreshed_in_background(valid), background, "{valid}");
+    }
+    let all = seed();
+    let cache = cluster(
+        "c",
+        Role::Cache,
+        vec![Source::url("o", "http://o.example.com", None)],
+    );
+    // The defaults: manifests (2 s) whole and refreshed in the background; segments (1 d) and
+    // the rest (10 m) by slices, refreshed by the request that finds them expired.
+    let conf = conf_of(&cache, &all);
+    let location = |regex: &str| {
+        let at = conf.find(&format!("location ~ \"{regex}\" {{")).unwrap();
+        let end = conf[at..].find("proxy_pass").unwrap() + at;
+        conf[at..end].to_string()
+    };
+    let manifests = location("\\\\.(m3u8|mpd)$");
+    for line in [
+        "slice 0;",
+        "proxy_cache_background_update on;",
+        "add_header X-Cache-Status $upstream_cache_status always;",
+        "add_header Connection $cdn_stale_close;",
+    ] {
+        assert!(manifests.contains(line), "{line}\n{manifests}");
+    }
+    assert_eq!(conf.matches("proxy_cache_background_update on;").count(), 1);
+    assert_eq!(conf.matches("slice 0;").count(), 1);
+    assert!(conf.contains("\n        slice 1m;\n"));
+    assert!(conf.contains(
+        "map \"$upstream_cache_status|$upstream_addr|$server_protocol\" $cdn_stale_close {"
+    ));
+    // Nothing short-lived: no background refresh, no map for it.
+    let mut long = cache.clone();
+    long.spec.cache = Some(Box::new(CacheSpec {
+        rules: Some(vec![]),
+        ..CacheSpec::default()
+    }));
+    let conf = conf_of(&long, &all);
+    assert!(!conf.contains("background_update"), "{conf}");
+    assert!(!conf.contains("cdn_stale_close"), "{conf}");
+    // A short `valid` applies to the route itself.
+    long.spec.cache = Some(Box::new(CacheSpec {
+        rules: Some(vec![]),
+        valid: Some("30s".into()),
+        ..CacheSpec::default()
+    }));
+    let conf = conf_of(&long, &all);
+    assert_eq!(conf.matches("proxy_cache_background_update on;").count(), 1);
+}
+
+#[test]
 fn lifetime_rules_are_nested_in_every_route_of_a_cache() {
     let all = seed();
     let routed = cluster(
