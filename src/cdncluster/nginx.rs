@@ -655,6 +655,11 @@ pub fn render(
              \x20       # objects are refreshed in the background (short lifetimes, whole objects).\n\
              \x20       proxy_cache_use_stale error timeout invalid_header updating http_500 http_502 http_503 http_504;\n\
              \x20       proxy_cache_revalidate on;\n\
+             \x20       # A request with credentials gets the viewer's own answer (RFC 9111, 3.5): neither\n\
+             \x20       # served from the cache nor stored, so never shown to another viewer, and it waits\n\
+             \x20       # for no other request's fetch.\n\
+             \x20       proxy_cache_bypass $http_authorization;\n\
+             \x20       proxy_no_cache $http_authorization;\n\
              \x20       # Each cache reports its own status, not the one of a cache behind it.\n\
              \x20       proxy_hide_header {header};\n\
              \x20       add_header {header} $upstream_cache_status always;\n",

@@ -404,6 +404,8 @@ const ROWS: &[(&str, &str, &str)] = &[
         "generated <= 0.5 s"),
     ("25", "200 concurrent requests, no-cache object, one tier: p50, origin requests",
         "generated p50 <= 0.2 s"),
+    ("25b", "200 concurrent requests with Authorization, cacheable object: p50, origin requests",
+        "generated p50 <= 0.2 s, 200"),
     ("26", "req/s, cached 1 KiB, two tiers (balancer->cache, Varnish->Varnish, ATS->ATS) / direct",
         "-"),
 ];
