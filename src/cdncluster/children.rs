@@ -2,9 +2,9 @@
 //! path ([`crate::kubernetes::apply`]).
 
 use super::build::{self, Children};
-use super::written::Written;
+use super::written::{ChildApplied, Written};
 use super::{Context, Error};
-use crate::kubernetes::apply::{self, Change};
+use crate::kubernetes::apply;
 use crate::kubernetes::compact::Compact;
 use crate::kubernetes::record::Record;
 use crate::kubernetes::records::Records;
@@ -145,10 +145,6 @@ fn applied_headless(observed: &Record) -> bool {
         .as_ref()
         .is_some_and(|owned| owned.covers(&serde_json::json!({"spec": {"clusterIP": "None"}})))
 }
-
-/// What [`apply_child`] found and did: the child's cached copy, and the change and the server's
-/// answer (what the cache reads of it) if a request was sent.
-pub(super) type ChildApplied<K> = (Option<Record>, Option<(Change, Compact<K>)>);
 
 /// A kind of child: namespaced, applied as JSON, read back.
 trait Child:

@@ -1,8 +1,8 @@
 //! What a reconcile wrote: the children it changed (for the Events), and the waits until the
-//! caches show its writes.
+//! caches show its writes; and what applying one child found and did ([`ChildApplied`]).
 
-use super::children::ChildApplied;
 use super::status::ChildChange;
+use crate::kubernetes::apply::Change;
 use crate::kubernetes::cache::{self, Arrivals};
 use crate::kubernetes::compact::Compact;
 use crate::kubernetes::index::Versions;
@@ -12,6 +12,11 @@ use futures::future::BoxFuture;
 use futures::FutureExt;
 use kube::{Resource, ResourceExt};
 use std::time::Duration;
+
+/// What [`apply_child`] found and did: the child's cached copy, and the change and the server's
+/// answer (what the cache reads of it) if a request was sent. Kept beside [`Written::child`],
+/// which records it, so that `children.rs` looks down to this file and this file not back.
+pub(super) type ChildApplied<K> = (Option<Record>, Option<(Change, Compact<K>)>);
 
 /// What a reconcile wrote: the children it changed (for the Events), and for each write the wait
 /// (at most `within`) until the caches show it (futures do nothing until awaited).
