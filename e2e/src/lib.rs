@@ -482,7 +482,7 @@ pub async fn delete_namespace(client: &Client, ns: &str) -> Result<(), String> {
         .await
     {
         Ok(_) => Ok(()),
-        Err(error) if cdn_operator::reconcile::is_not_found(&error) => Ok(()),
+        Err(error) if cdn_operator::kubernetes::errors::is_not_found(&error) => Ok(()),
         Err(error) => Err(format!("cannot delete namespace {ns}: {error}")),
     }
 }

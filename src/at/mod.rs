@@ -28,6 +28,7 @@ pub mod uninstall;
 use crate::api::At;
 use crate::kubernetes::apply;
 use crate::kubernetes::cache::{self, Arrivals, Scope, Watches};
+use crate::kubernetes::errors;
 use crate::kubernetes::events::Events;
 use crate::kubernetes::restricted::RunAs;
 use crate::reconcile::{self, Shared};
@@ -199,13 +200,13 @@ pub fn owners(pod: Pod) -> Vec<ObjectRef<At>> {
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// Plan: the At could not be read afresh before a write.
-    #[error("could not read the At afresh before writing: {}", reconcile::describe(.0))]
+    #[error("could not read the At afresh before writing: {}", errors::describe(.0))]
     ReadFresh(#[source] kube::Error),
     /// Status: the API server refused the status.
-    #[error("could not write the status: {}", reconcile::describe(.0))]
+    #[error("could not write the status: {}", errors::describe(.0))]
     WriteStatus(#[source] kube::Error),
     /// Pod: the API server refused the pod.
-    #[error("could not create Pod {pod}: {}", reconcile::describe(source))]
+    #[error("could not create Pod {pod}: {}", errors::describe(source))]
     CreatePod {
         pod: String,
         #[source]
@@ -214,7 +215,7 @@ pub enum Error {
     /// Pod: its finalizer could not be released.
     #[error(
         "could not release the finalizer of Pod {pod}: {}",
-        reconcile::describe(source)
+        errors::describe(source)
     )]
     ReleaseFinalizer {
         pod: String,
@@ -257,7 +258,7 @@ pub async fn reconcile(at: Arc<At>, ctx: Arc<Context>) -> Result<Action, Error> 
 
     match apply::apply_status(&api, at.as_ref(), at.status.as_ref(), &plan.status).await {
         Ok(_) => {}
-        Err(error) if reconcile::is_not_found(&error) => {
+        Err(error) if errors::is_not_found(&error) => {
             tracing::debug!(%namespace, %name, "deleted before its status was written");
             return Ok(Action::await_change());
         }

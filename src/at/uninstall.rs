@@ -7,7 +7,7 @@
 use super::build;
 use crate::kubernetes::apply;
 use crate::kubernetes::cache::Scope;
-use crate::reconcile;
+use crate::kubernetes::errors;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
 use kube::{Client, ResourceExt};
@@ -17,11 +17,11 @@ pub const ROUNDS: usize = 5;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("could not list the At pods: {}", reconcile::describe(.0))]
+    #[error("could not list the At pods: {}", errors::describe(.0))]
     List(#[source] kube::Error),
     #[error(
         "could not release the finalizer of Pod {pod}: {}",
-        reconcile::describe(source)
+        errors::describe(source)
     )]
     Release {
         pod: String,

@@ -13,6 +13,7 @@ use crate::api::{CdnCluster, CdnClusterStatus};
 use crate::kubernetes::apply;
 use crate::kubernetes::cache::{self, Arrivals, Scope, Watches};
 use crate::kubernetes::compact::Compact;
+use crate::kubernetes::errors;
 use crate::kubernetes::events::Events;
 use crate::kubernetes::index::Index;
 use crate::kubernetes::problems::{PodProblems, PodSummary};
@@ -196,7 +197,7 @@ impl cache::Cached for CdnCluster {
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// Apply: the API server refused a child.
-    #[error("could not apply {kind} {name}: {}", reconcile::describe(source))]
+    #[error("could not apply {kind} {name}: {}", errors::describe(source))]
     ApplyChild {
         kind: String,
         name: String,
@@ -204,7 +205,7 @@ pub enum Error {
         source: kube::Error,
     },
     /// Status: the API server refused the status.
-    #[error("could not write the status: {}", reconcile::describe(.0))]
+    #[error("could not write the status: {}", errors::describe(.0))]
     WriteStatus(#[source] kube::Error),
 }
 
@@ -315,7 +316,7 @@ async fn write_status(
             Ok(true)
         }
         Ok(None) => Ok(true),
-        Err(error) if reconcile::is_not_found(&error) => Ok(false),
+        Err(error) if errors::is_not_found(&error) => Ok(false),
         Err(error) => Err(Error::WriteStatus(error)),
     }
 }

@@ -48,7 +48,7 @@ impl Refusal {
             Error::WriteStatus(_) => (None, None, None),
         };
         let (code, message) = match source {
-            Some(source) => crate::reconcile::refusal(source),
+            Some(source) => crate::kubernetes::errors::refusal(source),
             None => (None, error.to_string()),
         };
         Refusal {

@@ -1,6 +1,7 @@
 //! Kubernetes Events: what a controller's pure status step decides to tell, and publishing it.
 //! Domain-free.
 
+use super::errors;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::events::v1::Event;
@@ -145,12 +146,12 @@ impl Events {
         match self.send(&obj.object_ref(&()), notice).await {
             Ok(()) => {}
             // The namespace is being deleted, and the object with it.
-            Err(error) if crate::reconcile::is_namespace_terminating(&error) => {
+            Err(error) if errors::is_namespace_terminating(&error) => {
                 tracing::debug!(reason, "no Event: its namespace is being deleted");
             }
             Err(error) => {
-                let error = crate::reconcile::describe(&error);
-                let object = crate::reconcile::key(obj);
+                let error = errors::describe(&error);
+                let object = errors::key(obj);
                 tracing::warn!(%object, reason, %error, "could not publish an Event; the reconcile goes on");
             }
         }

@@ -16,6 +16,7 @@ pub mod targets;
 use crate::api::{CdnCluster, CdnPurge, CdnPurgeSpec, CdnPurgeStatus, PurgePhase};
 use crate::kubernetes::apply;
 use crate::kubernetes::cache::{self, Arrivals, CachesReady, Scope, Watches};
+use crate::kubernetes::errors;
 use crate::kubernetes::events::Events;
 use crate::nginx_cache::selector::Selection;
 use crate::nginx_cache::wire;
@@ -248,7 +249,7 @@ fn job_key(purge: &PurgeSummary) -> JobKey {
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// Status: the API server refused the status.
-    #[error("could not write the status: {}", reconcile::describe(.0))]
+    #[error("could not write the status: {}", errors::describe(.0))]
     WriteStatus(#[source] kube::Error),
 }
 
@@ -397,7 +398,7 @@ async fn write_status(
             Ok(())
         }
         Ok(None) => Ok(()),
-        Err(error) if reconcile::is_not_found(&error) => Ok(()),
+        Err(error) if errors::is_not_found(&error) => Ok(()),
         Err(error) => Err(Error::WriteStatus(error)),
     }
 }

@@ -41,7 +41,7 @@ impl std::fmt::Debug for Signer {
 pub enum SigningError {
     #[error(
         "cannot read Secret {namespace}/{SECRET_NAME}: {}",
-        crate::reconcile::describe(source)
+        crate::kubernetes::errors::describe(source)
     )]
     Read {
         namespace: String,
@@ -50,7 +50,7 @@ pub enum SigningError {
     },
     #[error(
         "cannot write the key into Secret {namespace}/{SECRET_NAME}: {}",
-        crate::reconcile::describe(source)
+        crate::kubernetes::errors::describe(source)
     )]
     Write {
         namespace: String,

@@ -4,10 +4,11 @@
 pub mod conditions;
 
 use crate::kubernetes::cache::CachesReady;
+use crate::kubernetes::errors::{is_namespace_terminating, key};
 use crate::kubernetes::events::Events;
 use crate::kubernetes::restricted::RunAs;
 use kube::runtime::controller::Action;
-use kube::{Client, Resource, ResourceExt};
+use kube::{Client, Resource};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -70,44 +71,6 @@ where
     ctx.shared().backoff.retry(&key(obj.as_ref()), error)
 }
 
-/// A failed request in one line: the server's message and code, or the client's error.
-pub fn describe(error: &kube::Error) -> String {
-    match error {
-        kube::Error::Api(status) => {
-            format!("{} ({} {})", status.message, status.code, status.reason)
-        }
-        other => other.to_string(),
-    }
-}
-
-/// Whether the API server refused to create something in a namespace being deleted
-/// (`NamespaceTerminating`: 403, "unable to create new content in namespace … because it is being
-/// terminated").
-pub fn is_namespace_terminating(error: &kube::Error) -> bool {
-    let kube::Error::Api(status) = error else {
-        return false;
-    };
-    status.code == 403
-        && (status
-            .details
-            .as_ref()
-            .is_some_and(|d| d.causes.iter().any(|c| c.reason == "NamespaceTerminating"))
-            || status.message.contains("because it is being terminated"))
-}
-
-/// Whether the API server answered that the object does not exist (any more).
-pub fn is_not_found(error: &kube::Error) -> bool {
-    matches!(error, kube::Error::Api(status) if status.code == 404)
-}
-
-/// The HTTP status code and message of a failed request, as the API server gave them.
-pub fn refusal(error: &kube::Error) -> (Option<u16>, String) {
-    match error {
-        kube::Error::Api(status) => (Some(status.code), status.message.clone()),
-        other => (None, other.to_string()),
-    }
-}
-
 /// Exponential backoff per object, reset by a success: 1 s, 2 s, 4 s ... up to 5 minutes.
 #[derive(Default)]
 pub struct Backoff {
@@ -142,15 +105,4 @@ impl Backoff {
         tracing::warn!(object = %key, retry_in = ?delay, "{key}: {error}; retried in {delay:?}");
         Action::requeue(delay)
     }
-}
-
-/// The key of an object in logs and backoff: its kind too, as a controller's objects of two
-/// kinds may share a name (an At named `x-pod` and the pod of the At `x`).
-pub fn key<K: Resource<DynamicType = ()>>(obj: &K) -> String {
-    format!(
-        "{} {}/{}",
-        K::kind(&()),
-        obj.namespace().unwrap_or_default(),
-        obj.name_any()
-    )
 }
