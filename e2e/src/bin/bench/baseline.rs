@@ -1,7 +1,7 @@
 //! The bare-client baseline: the user's creates and the operator's writes for the same
 //! CdnClusters, from one client that reads nothing, for the operator's time to be compared with.
 
-use crate::report::Answers;
+use crate::stats::Answers;
 use crate::workload::{create_all, create_namespaces, manifests};
 use crate::Args;
 use cdn_operator::api::CdnCluster;

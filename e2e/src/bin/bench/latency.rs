@@ -3,7 +3,7 @@
 //! the change, the change's watch event, the operator's ConfigMap apply as the proxy forwarded
 //! and timed it.
 
-use crate::report::{ms, percentile, Answers};
+use crate::stats::{ms, percentile, Answers};
 use crate::watch::{seen_at, Watches};
 use cdn_operator::api::{CdnCluster, Role};
 use cdn_operator::cdncluster::build;

@@ -33,13 +33,15 @@
 //! `workload` (the CdnClusters and their namespaces, created and deleted), `watch` (what the
 //! benchmark's watches see, and the waits on it), `cpu` (the operator's CPU and memory, sampled
 //! and fitted), `latency` (the spec changes), `baseline` (the bare client), `metrics` (what is
-//! read from the operator's /metrics) and `report` (the table and the JSON).
+//! read from the operator's /metrics), `report` (the table and the JSON, on top) and `stats`
+//! (milliseconds, percentiles and answer times, which they all share: a leaf).
 
 mod baseline;
 mod cpu;
 mod latency;
 mod metrics;
 mod report;
+mod stats;
 mod watch;
 mod workload;
 
@@ -54,7 +56,8 @@ use futures::StreamExt;
 use kube::{Client, Config};
 use latency::spec_changes;
 use metrics::{writes_agree, Reconciles, Requests};
-use report::{Answers, Report};
+use report::Report;
+use stats::Answers;
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::process::{ExitCode, ExitStatus};

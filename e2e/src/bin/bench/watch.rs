@@ -274,7 +274,7 @@ pub async fn seen_at(
 ) -> Option<f64> {
     wait_for(tick, limit, ready)
         .await
-        .then(|| crate::report::ms(since.elapsed()))
+        .then(|| crate::stats::ms(since.elapsed()))
 }
 
 /// Waits until the proxy has seen no request for `quiet` (the operator is idle).
