@@ -2,6 +2,7 @@
 //! and the caches that let it skip writes, Events, and the restricted Pod Security settings.
 
 pub mod apply;
+pub mod arrivals;
 pub mod cache;
 pub(crate) mod client;
 pub mod compact;
