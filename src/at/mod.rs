@@ -27,7 +27,8 @@ pub mod uninstall;
 
 use crate::api::At;
 use crate::kubernetes::apply;
-use crate::kubernetes::cache::{self, Arrivals, Scope, Watches};
+use crate::kubernetes::arrivals::Arrivals;
+use crate::kubernetes::cache::{self, Scope, Watches};
 use crate::kubernetes::errors;
 use crate::kubernetes::events::Events;
 use crate::kubernetes::restricted::RunAs;

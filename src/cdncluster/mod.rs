@@ -11,7 +11,8 @@ mod written;
 
 use crate::api::{CdnCluster, CdnClusterStatus};
 use crate::kubernetes::apply;
-use crate::kubernetes::cache::{self, Arrivals, Scope, Watches};
+use crate::kubernetes::arrivals::Arrivals;
+use crate::kubernetes::cache::{self, Scope, Watches};
 use crate::kubernetes::compact::Compact;
 use crate::kubernetes::errors;
 use crate::kubernetes::events::Events;

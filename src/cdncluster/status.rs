@@ -6,6 +6,7 @@ use crate::api::{CdnCluster, CdnClusterStatus, Condition, State};
 pub use crate::kubernetes::apply::Change;
 pub use crate::kubernetes::events::Notice;
 use crate::kubernetes::problems;
+use crate::kubernetes::record::PROGRESS_DEADLINE_EXCEEDED;
 use crate::reconcile::conditions::{set_condition, ConditionStatus};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::ObjectReference;
@@ -193,7 +194,7 @@ pub fn desired(cluster: &CdnCluster, observed: Observed<'_>, now: &Time) -> CdnC
                 set(READY, False, reason, message.clone());
                 if deadline_exceeded {
                     set(RECONCILING, False, reason, message.clone());
-                    set(STALLED, True, problems::PROGRESS_DEADLINE_EXCEEDED, message);
+                    set(STALLED, True, PROGRESS_DEADLINE_EXCEEDED, message);
                 } else {
                     set(RECONCILING, True, reason, message);
                     set(STALLED, False, "Deployed", "Children are applied".into());

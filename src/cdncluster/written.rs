@@ -3,7 +3,8 @@
 
 use super::status::ChildChange;
 use crate::kubernetes::apply::Change;
-use crate::kubernetes::cache::{self, Arrivals};
+use crate::kubernetes::arrivals::Arrivals;
+use crate::kubernetes::cache;
 use crate::kubernetes::compact::Compact;
 use crate::kubernetes::index::Versions;
 use crate::kubernetes::record::Record;

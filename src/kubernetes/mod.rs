@@ -3,6 +3,7 @@
 //! restricted Pod Security settings.
 
 pub mod apply;
+pub mod arrivals;
 pub mod cache;
 pub(crate) mod client;
 pub mod compact;

@@ -8,6 +8,7 @@
 //! would cost a status write and an Event per retry.
 
 use super::index::{Index, Reset};
+use super::record::PROGRESS_DEADLINE_EXCEEDED;
 use super::records::Key;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod, PodStatus};
@@ -35,8 +36,6 @@ pub const CREATE_CONTAINER_ERROR: &str = "CreateContainerError";
 pub const RUN_CONTAINER_ERROR: &str = "RunContainerError";
 /// No node can take the pod (resources, selectors, taints, quota).
 pub const UNSCHEDULABLE: &str = "Unschedulable";
-/// The Deployment's rollout made no progress within `progressDeadlineSeconds`.
-pub const PROGRESS_DEADLINE_EXCEEDED: &str = "ProgressDeadlineExceeded";
 
 /// Every reason, most telling first: when several pods have problems, the first reason of this
 /// list is reported. A crash tells what the program said; a deadline, only that time passed.

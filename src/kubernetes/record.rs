@@ -16,6 +16,10 @@ pub const FIELD_MANAGER: &str = "cdn-operator";
 /// it applies, a field dropped included, changes the hash.
 pub const APPLIED_HASH_ANNOTATION: &str = "cdn-operator.anevia.com/applied-hash";
 
+/// The Deployment's rollout made no progress within `progressDeadlineSeconds`: the reason of the
+/// one condition a [`Rollout`] keeps, here so the record needs nothing of [`super::problems`].
+pub const PROGRESS_DEADLINE_EXCEEDED: &str = "ProgressDeadlineExceeded";
+
 /// A short, stable digest of `value`'s compact JSON form (serde_json writes a `Value`'s map
 /// keys in order). Streamed into the digest: the JSON text of a Deployment or a ConfigMap is
 /// never built.
@@ -77,7 +81,7 @@ pub struct Rollout {
 
 /// [`Rollout::deadline_exceeded`] read from and written as a status's `conditions`.
 mod deadline {
-    use crate::kubernetes::problems::PROGRESS_DEADLINE_EXCEEDED;
+    use super::PROGRESS_DEADLINE_EXCEEDED;
     use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
     /// Whatever a server writes: a condition it does not fill is not the deadline's.

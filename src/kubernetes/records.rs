@@ -1,7 +1,7 @@
 //! The compact caches of the objects the operator applies: per object, only its [`Record`]
 //! (see [`super::compact`] for why), under one key string: ~0.2 KiB per object. Domain-free.
 
-use super::cache::Arrivals;
+use super::arrivals::Arrivals;
 use super::compact::Compact;
 use super::index::{Index, Reset, Versions};
 use super::record::Record;

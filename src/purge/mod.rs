@@ -15,7 +15,8 @@ pub mod targets;
 
 use crate::api::{CdnCluster, CdnPurge, CdnPurgeSpec, CdnPurgeStatus, PurgePhase};
 use crate::kubernetes::apply;
-use crate::kubernetes::cache::{self, Arrivals, CachesReady, Scope, Watches};
+use crate::kubernetes::arrivals::Arrivals;
+use crate::kubernetes::cache::{self, CachesReady, Scope, Watches};
 use crate::kubernetes::errors;
 use crate::kubernetes::events::Events;
 use crate::nginx_cache::selector::Selection;
