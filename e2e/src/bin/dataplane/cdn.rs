@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use crate::lab::{Setup, ORIGIN, PODS};
 use crate::origin::{origin_config, OriginLog};
 use crate::pods::{pod_template, render, start_pod, switch_files, Desired, Pod};
+use crate::util::first_line;
 
 pub(crate) struct Cdn {
     pub(crate) dir: PathBuf,
@@ -111,6 +112,25 @@ impl Cdn {
 
     /// The cache directory of `cluster`'s pod, seen from outside its sandbox (through its
     /// nginx's /proc root).
+    /// The topology with every pod's metrics sidecar (`topology-metrics.yaml`), as this binary
+    /// renders it; `Err` says why it renders none.
+    pub(crate) fn render_counted(&self) -> Result<BTreeMap<String, Desired>, String> {
+        render(
+            &self.binary,
+            &self.dir,
+            "topology-metrics.yaml",
+            None,
+            true,
+            false,
+        )
+        .map_err(|e| {
+            format!(
+                "this binary renders no metrics sidecar ({})",
+                first_line(&e)
+            )
+        })
+    }
+
     pub(crate) fn cache_dir(&self, cluster: &str) -> Option<PathBuf> {
         let pod = self.pods.get(cluster)?;
         let (pid, _) = pod

@@ -13,10 +13,10 @@ use std::time::{Duration, Instant, SystemTime};
 use crate::cdn::Cdn;
 use crate::client::Client;
 use crate::lab::{Setup, EDGE, METRICS_PORT, NAMESPACE, PODS};
-use crate::pods::{render, takes_purges, Desired};
+use crate::pods::{takes_purges, Desired};
 use crate::report::{figure, Figure};
 use crate::traffic::{cache_status, warm};
-use crate::util::{chmod, first_line};
+use crate::util::chmod;
 
 impl Cdn {
     /// The topology with every pod's sidecar (rendered with a metrics image, as row 2m), its
@@ -26,15 +26,7 @@ impl Cdn {
         &mut self,
         setup: &Setup,
     ) -> Result<BTreeMap<String, Desired>, String> {
-        let counted = render(
-            &self.binary,
-            &self.dir,
-            "topology-metrics.yaml",
-            None,
-            true,
-            false,
-        )
-        .map_err(|e| format!("this binary renders no sidecar ({})", first_line(&e)))?;
+        let counted = self.render_counted()?;
         if !counted.values().any(takes_purges) {
             return Err("this binary's sidecars apply no purges".into());
         }

@@ -9,10 +9,10 @@ use std::time::Duration;
 use crate::cdn::Cdn;
 use crate::client::Client;
 use crate::lab::{Setup, DIRECT, EDGE, METRICS_PORT, PODS};
-use crate::pods::{render, Desired};
+use crate::pods::Desired;
 use crate::report::{figure, Figure};
 use crate::traffic::{becomes_hit, get_once};
-use crate::util::{first_line, median, metric_sum};
+use crate::util::{median, metric_sum};
 use crate::wrk::wrk;
 
 impl Cdn {
@@ -132,21 +132,9 @@ impl Cdn {
         if !setup.has_wrk {
             return not_measured("no wrk".into());
         }
-        let counted = match render(
-            &self.binary,
-            &self.dir,
-            "topology-metrics.yaml",
-            None,
-            true,
-            false,
-        ) {
+        let counted = match self.render_counted() {
             Ok(desired) => desired,
-            Err(e) => {
-                return not_measured(format!(
-                    "this binary renders no metrics sidecar ({})",
-                    first_line(&e)
-                ))
-            }
+            Err(e) => return not_measured(e),
         };
         let has_sidecar = |desired: &BTreeMap<String, Desired>| {
             desired.values().all(|d| {
