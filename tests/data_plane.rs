@@ -1396,6 +1396,109 @@ fn a_download_in_flight_when_the_pod_is_told_to_stop_by_sigquit_completes() {
     a_pod_told_to_stop_during_a_download(16, SIGQUIT);
 }
 
+/// A pod of the balancer told to stop (its entrypoint gets SIGQUIT after the preStop sleep) while
+/// 32 clients keep their connections busy as wrk does, or a player fetching segments back to
+/// back, none retrying a request: no request is cut. Each busy connection gets its next answer,
+/// with `Connection: close`, and the client connects again elsewhere (in a cluster the Service
+/// sends it to another pod by then: the preStop sleep waited for that).
+/// Without `keepalive_min_timeout` nginx closes, at once, every connection that is between two
+/// requests at that moment, and the client's next request is cut.
+#[test]
+fn busy_keep_alive_connections_are_answered_then_closed_not_cut_when_the_pod_stops() {
+    use cdn_operator_testkit::KeepAlive;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let world = World::start(25, topology(|_| {}));
+    world.put("/kept/small.ts", &[7u8; 1024]);
+    let listen = "127.0.25.40:80".to_string();
+    let paths = Paths {
+        listen: listen.clone(),
+        ..Paths::default()
+    };
+    let conf = nginx_config(world.cluster("edge"), &world.clusters, &paths);
+    let volume = ConfigVolume::new(
+        world.path().join("cm"),
+        &[(CONFIG_KEY, &conf), (ENTRYPOINT_KEY, ENTRYPOINT)],
+    );
+    let mut pod = run_pod(&world, "pod", &volume, &listen, &conf);
+    let addr: std::net::SocketAddr = listen.parse().unwrap();
+    let first = KeepAlive::new(addr, HOST.1)
+        .get("/kept/small.ts", &[])
+        .unwrap();
+    assert_eq!(first.status, 200, "{first:?}");
+
+    #[derive(Default, Debug)]
+    struct Client {
+        answered: usize,
+        told_to_close: usize,
+        cut: Vec<String>,
+    }
+    let loaded = AtomicBool::new(false);
+    let (clients, exit, signalled) = std::thread::scope(|s| {
+        let clients: Vec<_> = (0..32)
+            .map(|_| {
+                s.spawn(|| {
+                    let mut c = KeepAlive::without_retry(addr, HOST.1);
+                    let mut seen = Client::default();
+                    loop {
+                        let kept = c.connected();
+                        match c.get("/kept/small.ts", &[]) {
+                            Ok(r) => {
+                                assert_eq!(r.status, 200, "{r:?}");
+                                seen.answered += 1;
+                                // The client goes to another pod, as the Service sends it there
+                                // by now.
+                                if r.header("Connection") == Some("close") {
+                                    seen.told_to_close += 1;
+                                    break seen;
+                                }
+                            }
+                            // The pod no longer listens: nothing was sent.
+                            Err(e)
+                                if !kept && e.kind() == std::io::ErrorKind::ConnectionRefused =>
+                            {
+                                break seen
+                            }
+                            Err(e) => {
+                                seen.cut.push(format!("{e} (on a kept connection: {kept})"));
+                                break seen;
+                            }
+                        }
+                        if seen.answered == 200 {
+                            loaded.store(true, Ordering::Relaxed);
+                        }
+                    }
+                })
+            })
+            .collect();
+        while !loaded.load(Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        let signalled = Instant::now();
+        pod.signal(SIGQUIT);
+        let clients: Vec<Client> = clients.into_iter().map(|c| c.join().unwrap()).collect();
+        (clients, pod.wait_exit(Duration::from_secs(20)), signalled)
+    });
+    let log = std::fs::read_to_string(world.path().join("pod.log")).unwrap();
+    let cut: Vec<&String> = clients.iter().flat_map(|c| &c.cut).collect();
+    let answered: usize = clients.iter().map(|c| c.answered).sum();
+    let told: usize = clients.iter().map(|c| c.told_to_close).sum();
+    let summary = format!(
+        "{answered} answered, {told} with Connection: close, {} cut: {cut:?}; exited {:?} after SIGQUIT ({exit:?})\n{log}",
+        cut.len(),
+        signalled.elapsed(),
+    );
+    println!("{}", summary.lines().next().unwrap_or_default());
+    assert!(cut.is_empty(), "{summary}");
+    // Every client was told, on an answer, that its connection ends.
+    assert!(
+        clients.iter().all(|c| c.told_to_close >= 1),
+        "{clients:?}\n{summary}"
+    );
+    assert_eq!(exit.and_then(|e| e.code()), Some(0), "{summary}");
+    assert!(log.contains("gracefully shutting down"), "{summary}");
+}
+
 /// `c` serving HTTPS with the Secret `edge-tls`, plain HTTP redirected if `redirect`.
 fn with_tls(c: &mut CdnCluster, redirect: bool) {
     c.spec.tls = Some(Box::new(TlsSpec {

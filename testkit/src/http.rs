@@ -282,6 +282,7 @@ pub struct KeepAlive {
     addr: SocketAddr,
     host: String,
     conn: Option<std::io::BufReader<TcpStream>>,
+    retry: bool,
 }
 
 impl KeepAlive {
@@ -290,11 +291,26 @@ impl KeepAlive {
             addr,
             host: host.into(),
             conn: None,
+            retry: true,
         }
     }
 
+    /// A client as wrk is: a request cut on its kept connection is an error, not sent again.
+    pub fn without_retry(addr: SocketAddr, host: &str) -> KeepAlive {
+        KeepAlive {
+            retry: false,
+            ..KeepAlive::new(addr, host)
+        }
+    }
+
+    /// Whether a connection is kept open for the next request: when not, the next one connects
+    /// first (and a refused connection means no request was sent).
+    pub fn connected(&self) -> bool {
+        self.conn.is_some()
+    }
+
     /// GET `path` with `headers`; once more on a new connection when the kept one was closed
-    /// before answering.
+    /// before answering (unless made [`KeepAlive::without_retry`]).
     pub fn get(&mut self, path: &str, headers: &[(&str, &str)]) -> std::io::Result<Response> {
         let mut head = format!("GET {path} HTTP/1.1\r\nHost: {}\r\n", self.host);
         for (name, value) in headers {
@@ -303,7 +319,7 @@ impl KeepAlive {
         head.push_str("\r\n");
         let kept = self.conn.is_some();
         match self.exchange(&head) {
-            Err(_) if kept => {
+            Err(_) if kept && self.retry => {
                 self.conn = None;
                 self.exchange(&head)
             }
