@@ -42,8 +42,23 @@ impl Health {
         AliveGuard(flag)
     }
 
+    /// A readiness check `name` that its holder passes and fails as it goes (failing until first
+    /// set), for a readiness that can be lost.
+    pub fn ready_if(&self, name: &str) -> ReadyFlag {
+        ReadyFlag(register(&self.ready, name))
+    }
+
     pub fn is_ready(&self) -> bool {
         report(&self.ready).0
+    }
+}
+
+/// A readiness check set by its holder ([`Health::ready_if`]).
+pub struct ReadyFlag(Arc<AtomicBool>);
+
+impl ReadyFlag {
+    pub fn set(&self, ready: bool) {
+        self.0.store(ready, Ordering::SeqCst);
     }
 }
 

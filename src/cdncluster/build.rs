@@ -246,10 +246,27 @@ pub fn ingress_name(cluster: &str) -> String {
     cluster.to_string()
 }
 
-/// How long a pod told to stop goes on serving before nginx stops taking new connections: longer
-/// than it takes the endpoints' removal to reach the kube-proxies and the balancers' DNS answers
-/// (nginx looks names up again every 5 s), so no new request meets a closed port.
-pub const STOP_DELAY_SECONDS: i64 = 5;
+/// How long a pod told to stop goes on serving (its `preStop` sleep) before nginx stops taking new
+/// connections: until its clients no longer open new ones. Read on the node
+/// (`e2e/tests/rollouts.rs`): a deleted pod's endpoint is not ready 0.15 to 0.27 s after the
+/// deletion, out of kube-proxy's rules after 0.31 s, out of the cluster DNS's answer after 0.23 s.
+/// - A balancer is reached through its Service: kube-proxy follows within a second, a cloud load
+///   balancer's health checks within a few: 5 s.
+/// - A cache is reached by its parents' nginx, which look its name up again every 5 s, in a
+///   cluster DNS that may answer from its cache for the records' TTL (CoreDNS's default: 5 s):
+///   12 s.
+///
+/// Within the pod's grace, leaving nginx 3 s to finish: a short grace shortens it.
+pub fn stop_delay_seconds(cluster: &CdnCluster) -> i64 {
+    let wanted = match cluster.spec.role {
+        Role::Balancer => BALANCER_STOP_DELAY_SECONDS,
+        Role::Cache => CACHE_STOP_DELAY_SECONDS,
+    };
+    wanted.min(termination_grace_seconds(cluster) - 3).max(1)
+}
+
+pub const BALANCER_STOP_DELAY_SECONDS: i64 = 5;
+pub const CACHE_STOP_DELAY_SECONDS: i64 = 12;
 
 /// The time a pod told to stop has to finish its requests in flight, unless the spec says.
 pub const DEFAULT_TERMINATION_GRACE_SECONDS: i64 = 60;
@@ -437,13 +454,17 @@ fn http_tuning(cluster: &CdnCluster, metrics: bool) -> HttpTuning {
 /// stop delay that comes first, and a few seconds for nginx to close them and exit before the
 /// kubelet kills it.
 pub fn shutdown_timeout_seconds(cluster: &CdnCluster) -> i64 {
-    let grace = cluster
+    (termination_grace_seconds(cluster) - stop_delay_seconds(cluster) - 3).max(1)
+}
+
+/// The pods' `terminationGracePeriodSeconds`: the spec's, else [`DEFAULT_TERMINATION_GRACE_SECONDS`].
+pub fn termination_grace_seconds(cluster: &CdnCluster) -> i64 {
+    cluster
         .spec
         .pods
         .as_deref()
         .and_then(|pods| pods.termination_grace_period_seconds)
-        .unwrap_or(DEFAULT_TERMINATION_GRACE_SECONDS);
-    (grace - STOP_DELAY_SECONDS - 3).max(1)
+        .unwrap_or(DEFAULT_TERMINATION_GRACE_SECONDS)
 }
 
 /// The room a cache of `size` takes on disk, in MiB: nginx's `max_size` is kept by a cache
@@ -729,13 +750,28 @@ fn metrics_sidecar(cluster: &CdnCluster, image: &str) -> Container {
         cluster.name_any(),
         "--role".into(),
         cluster.spec.role.as_str().into(),
+        // The pod's readiness: nginx holding every ready pod of its sources.
+        "--nginx-conf".into(),
+        format!("{CONFIG_DIR}/{CONFIG_KEY}"),
+        "--resolver".into(),
+        format!("{tmp}/{}", nginx::RESOLVER_FILE),
     ]
     .into();
-    let mut mounts = vec![VolumeMount {
-        name: "tmp".into(),
-        mount_path: tmp.clone(),
-        ..VolumeMount::default()
-    }];
+    let mut mounts = vec![
+        VolumeMount {
+            name: "tmp".into(),
+            mount_path: tmp.clone(),
+            ..VolumeMount::default()
+        },
+        // nginx's configuration (the sources it looks up); a cache's, the operator's public keys,
+        // which purges must be signed with.
+        VolumeMount {
+            name: "config".into(),
+            mount_path: CONFIG_DIR.into(),
+            read_only: Some(true),
+            ..VolumeMount::default()
+        },
+    ];
     if cluster.spec.role == Role::Cache {
         let size = cache_tuning(cluster).size;
         args.extend([
@@ -751,13 +787,6 @@ fn metrics_sidecar(cluster: &CdnCluster, image: &str) -> Container {
         mounts.push(VolumeMount {
             name: "cache".into(),
             mount_path: paths.cache_dir,
-            ..VolumeMount::default()
-        });
-        // The operator's public keys, which purges must be signed with.
-        mounts.push(VolumeMount {
-            name: "config".into(),
-            mount_path: CONFIG_DIR.into(),
-            read_only: Some(true),
             ..VolumeMount::default()
         });
     }
@@ -953,7 +982,21 @@ fn deployment(cluster: &CdnCluster, run_as: &RunAs, images: &PodImages) -> Deplo
                 })
                 .collect(),
         ),
-        readiness_probe: Some(probe(0)),
+        // With the sidecar, Ready once nginx holds every ready pod of its sources (not merely
+        // listening: a balancer would send objects to caches that do not hold them), then while
+        // nginx answers.
+        readiness_probe: Some(match images.metrics() {
+            Some(_) => Probe {
+                http_get: Some(HTTPGetAction {
+                    path: Some("/readyz".into()),
+                    port: IntOrString::Int(i32::from(metrics::PORT)),
+                    ..HTTPGetAction::default()
+                }),
+                period_seconds: Some(2),
+                ..Probe::default()
+            },
+            None => probe(0),
+        }),
         // nginx's last lines, kept by the kubelet when it stops on an error: the CdnCluster's
         // status quotes its last `[emerg]`.
         termination_message_policy: Some("FallbackToLogsOnError".into()),
@@ -964,7 +1007,7 @@ fn deployment(cluster: &CdnCluster, run_as: &RunAs, images: &PodImages) -> Deplo
         lifecycle: Some(Lifecycle {
             pre_stop: Some(LifecycleHandler {
                 sleep: Some(SleepAction {
-                    seconds: STOP_DELAY_SECONDS,
+                    seconds: stop_delay_seconds(cluster),
                 }),
                 ..LifecycleHandler::default()
             }),
@@ -1007,10 +1050,7 @@ fn deployment(cluster: &CdnCluster, run_as: &RunAs, images: &PodImages) -> Deplo
                         .map(|image| vec![metrics_sidecar(cluster, image)]),
                     containers: vec![container],
                     volumes: Some(volumes),
-                    termination_grace_period_seconds: Some(
-                        pods.termination_grace_period_seconds
-                            .unwrap_or(DEFAULT_TERMINATION_GRACE_SECONDS),
-                    ),
+                    termination_grace_period_seconds: Some(termination_grace_seconds(cluster)),
                     node_selector: pods.node_selector,
                     tolerations: pods.tolerations,
                     affinity: pods.affinity,

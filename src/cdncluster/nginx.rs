@@ -451,6 +451,10 @@ pub fn render(
          \x20   tcp_nopush on;\n\
          \x20   keepalive_timeout 65s;\n\
          \x20   keepalive_requests 10000;\n\
+         \x20   # A pod told to stop answers the next request of a connection used in the last 5 s (a\n\
+         \x20   # client fetching back to back, a player its next segment) with Connection: close,\n\
+         \x20   # rather than closing it as that request comes in.\n\
+         \x20   keepalive_min_timeout 5s;\n\
          \x20   client_body_temp_path {tmp}/client_body;\n\
          \x20   proxy_temp_path {tmp}/proxy;\n\
          \x20   fastcgi_temp_path {tmp}/fastcgi;\n\

@@ -1565,20 +1565,49 @@ fn a_cluster_domain_is_checked() {
 
 #[test]
 fn nginx_closes_the_requests_in_flight_itself_before_the_pod_is_killed() {
-    let mut cluster = seed().remove(1);
-    // 60 s of grace by default, of which 5 s of stop delay come first.
-    assert_eq!(build::shutdown_timeout_seconds(&cluster), 52);
-    let conf = build::config(&cluster, &[], &Paths::default(), false);
-    assert!(conf.contains("\nworker_shutdown_timeout 52s;\n"), "{conf}");
-    cluster.spec.pods = Some(Box::new(crate::api::Pods {
-        termination_grace_period_seconds: Some(600),
-        ..Default::default()
-    }));
-    assert_eq!(build::shutdown_timeout_seconds(&cluster), 592);
-    let deployment =
-        build::children(&cluster, &[], &RunAs::default(), &Default::default()).deployment;
-    let pod = deployment.spec.unwrap().template.spec.unwrap();
-    assert_eq!(pod.termination_grace_period_seconds, Some(600));
+    let pod = |cluster: &CdnCluster| {
+        build::children(cluster, &[], &RunAs::default(), &Default::default())
+            .deployment
+            .spec
+            .unwrap()
+            .template
+            .spec
+            .unwrap()
+    };
+    let stop_delay = |cluster: &CdnCluster| {
+        pod(cluster).containers[0]
+            .lifecycle
+            .clone()
+            .and_then(|l| l.pre_stop)
+            .and_then(|h| h.sleep)
+            .map(|s| s.seconds)
+    };
+    let mut all = seed();
+    let (mut cache, balancer) = (all.remove(1), all.remove(0));
+    // 60 s of grace by default, of which the stop delay comes first: 12 s for a cache (its
+    // parents' nginx look it up again every 5 s, in a DNS that caches for 5 s), 5 s for a balancer
+    // (kube-proxy); nginx gets the rest but 3 s.
+    assert_eq!(stop_delay(&cache), Some(12));
+    assert_eq!(build::shutdown_timeout_seconds(&cache), 45);
+    let conf = build::config(&cache, &[], &Paths::default(), false);
+    assert!(conf.contains("\nworker_shutdown_timeout 45s;\n"), "{conf}");
+    assert_eq!(stop_delay(&balancer), Some(5));
+    assert_eq!(build::shutdown_timeout_seconds(&balancer), 52);
+    let grace = |seconds: i64| {
+        Some(Box::new(crate::api::Pods {
+            termination_grace_period_seconds: Some(seconds),
+            ..Default::default()
+        }))
+    };
+    cache.spec.pods = grace(600);
+    assert_eq!(build::shutdown_timeout_seconds(&cache), 585);
+    assert_eq!(pod(&cache).termination_grace_period_seconds, Some(600));
+    // A short grace shortens the stop delay, leaving nginx its 3 s.
+    cache.spec.pods = grace(10);
+    assert_eq!(stop_delay(&cache), Some(7));
+    assert_eq!(build::shutdown_timeout_seconds(&cache), 1);
+    cache.spec.pods = grace(2);
+    assert_eq!(stop_delay(&cache), Some(1));
 }
 
 /// A CdnCluster, its Deployment and a pod as a v1.36.2 server and kubelet wrote them.

@@ -13,6 +13,7 @@
 
 pub mod log;
 pub mod purge;
+pub mod ring;
 pub mod series;
 
 use crate::runtime::http::{self, Health};
@@ -24,7 +25,7 @@ use std::os::unix::fs::{FileExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// The port the sidecar serves `/metrics` (and `/healthz`) on: nginx-prometheus-exporter's.
 pub const PORT: u16 = 9113;
@@ -81,6 +82,15 @@ pub struct Args {
     /// batch names the cluster it is meant for.
     #[arg(long, env = "POD_NAMESPACE", default_value = "")]
     pub namespace: String,
+
+    /// nginx's configuration: with `--resolver`, `/readyz` passes only once nginx holds every
+    /// ready pod of the sources it looks up by SRV records ([`ring`]), then while nginx answers.
+    #[arg(long, value_name = "PATH", requires = "resolver")]
+    pub nginx_conf: Option<PathBuf>,
+
+    /// The file naming nginx's resolver (`resolver ADDRESS valid=5s;`, written by the entrypoint).
+    #[arg(long, value_name = "PATH", requires = "nginx_conf")]
+    pub resolver: Option<PathBuf>,
 }
 
 /// The sidecar's niceness: below nginx's priority, so on a busy node nginx's workers get the CPU
@@ -157,6 +167,15 @@ async fn serve(
         args.log.display(),
         args.listen
     );
+    if let (Some(conf), Some(resolver)) = (&args.nginx_conf, &args.resolver) {
+        let flag = health.ready_if("sources");
+        tokio::spawn(follow_sources(
+            conf.clone(),
+            resolver.clone(),
+            args.nginx_status.clone(),
+            flag,
+        ));
+    }
     let status = args.nginx_status.clone();
     let cache_dir = args.cache_dir.clone();
     let purges = match (purger, &args.purge_keys) {
@@ -186,6 +205,56 @@ async fn serve(
     match http::serve(listener, router, stop.cancelled_owned()).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => crate::fail(&format!("serving /metrics: {error}")),
+    }
+}
+
+/// Passes `ready` once nginx holds every ready pod of its sources ([`ring::Watch`]), then while
+/// nginx answers: looks every second, asking the cluster DNS only until ready.
+async fn follow_sources(
+    conf: PathBuf,
+    resolver: PathBuf,
+    status: PathBuf,
+    ready: crate::runtime::http::ReadyFlag,
+) {
+    let mut watch = ring::Watch::default();
+    let mut said: Option<bool> = None;
+    loop {
+        let up = read_status(&status).await.is_some();
+        watch.nginx(up, Instant::now());
+        let verdict = if up && watch.is_ready() {
+            Ok(())
+        } else {
+            // Read each time: a new configuration may name other sources.
+            let names = std::fs::read_to_string(&conf)
+                .map(|text| ring::lookups(&text))
+                .unwrap_or_default();
+            let server = std::fs::read_to_string(&resolver)
+                .ok()
+                .and_then(|text| ring::resolver(&text));
+            match server {
+                None if !names.is_empty() => Err(format!(
+                    "no resolver in {} to look the sources up with",
+                    resolver.display()
+                )),
+                None => watch.ready(&[], Duration::ZERO, Instant::now()),
+                Some((server, valid)) => {
+                    for name in &names {
+                        let answer = ring::srv(server, name).await;
+                        watch.answer(name, answer, Instant::now());
+                    }
+                    watch.ready(&names, valid, Instant::now())
+                }
+            }
+        };
+        ready.set(verdict.is_ok());
+        if said != Some(verdict.is_ok()) {
+            match &verdict {
+                Ok(()) => eprintln!("cdn-operator: nginx-metrics: ready: nginx holds its sources"),
+                Err(why) => eprintln!("cdn-operator: nginx-metrics: not ready: {why}"),
+            }
+            said = Some(verdict.is_ok());
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
     }
 }
 
