@@ -498,9 +498,10 @@ down() {
 run_tests() {
   export CDN_E2E_OPERATOR_IMAGE=$OPERATOR_IMAGE CDN_E2E_NGINX_IMAGE=$NGINX_IMAGE
   export CDN_E2E_PAUSE_IMAGE=$PAUSE_IMAGE CDN_E2E_ROOT_IMAGE=$ROOT_IMAGE
+  export CDN_E2E_CLUSTER_DNS=$HOST_IP:53
   export HELM=${HELM:-$(command -v helm || echo /root/.cache/cdn-operator-tools/bin/helm)}
   [[ -x $HELM ]] || bash "$repo/scripts/install-helm.sh" /root/.cache/cdn-operator-tools
-  (cd "$repo" && cargo test --locked -p cdn-operator-e2e --test node -- --test-threads="${TEST_THREADS:-2}" "$@")
+  (cd "$repo" && cargo test --locked -p cdn-operator-e2e --test node --test rollouts -- --test-threads="${TEST_THREADS:-2}" "$@")
 }
 
 case ${1:-all} in

@@ -1,6 +1,6 @@
 //! The node mode of the end-to-end suite (issue 39): the operator installed from its own image
 //! (Helm, kustomize) into a cluster with a Ready node, and the CDN's nginx pods serving through
-//! Services. What `e2e/tests/node.rs` shares: the skip (no cluster, no Ready node, no images),
+//! Services. What `e2e/tests/node.rs` and `e2e/tests/rollouts.rs` share: the skip (no cluster, no Ready node, no images),
 //! fresh namespaces under restricted Pod Security, `helm` and `kubectl` (the user's tools, their
 //! exit status checked and their stderr shown), the operator's pods and Lease, `/metrics`
 //! through its Service, plain HTTP to a Service's ClusterIP, and a guard that prints the pods'
@@ -27,7 +27,10 @@ pub use operator::{
     bind_cluster_role, check_metrics, lease_holder, operator_ready_and_leading, service_account,
     token, INSTALL_WAIT, LEASE, OPERATOR_PODS, OPERATOR_REPLICAS,
 };
-pub use origin::{apply_origin, origin_requests, ORIGIN_BODY, ORIGIN_PODS, ORIGIN_POD_HEADER};
+pub use origin::{
+    apply_origin, big_body, origin_requests, origin_requests_matching, ORIGIN_BIG_BYTES,
+    ORIGIN_BODY, ORIGIN_PODS, ORIGIN_POD_HEADER,
+};
 pub use probe::{answering_upstream, http_get, service_address};
 pub use tools::{diagnostics, helm, relative_path, run, TOOL_TIMEOUT};
 pub use wait::{node_ready, pod_ready, pods_gone, ready_pods, until};

@@ -12,13 +12,16 @@ use serde_json::json;
 /// The body the tests' origin serves for every `/vod/` path (a static file: ranges answer 206,
 /// as the caches' slices ask).
 pub const ORIGIN_BODY: &str = "node-e2e origin body: the same bytes for every /vod/ path\n";
+/// The size of the objects the origin serves under `/big/` (the same file for every path), as
+/// small video segments: long enough on the wire that a request cut shows.
+pub const ORIGIN_BIG_BYTES: usize = 60 * 1024;
 /// The header naming the origin pod that served a response (nginx's `$hostname`: the pod's name).
 pub const ORIGIN_POD_HEADER: &str = "X-Origin-Pod";
 /// The origin's pods.
 pub const ORIGIN_PODS: &str = "app=origin";
 
 /// The origin's nginx.conf: every request logged on stdout as `origin-request <method> <path>
-/// <status>`; `/vod/*` the same static file; `/pv/*` a body naming the version asked for
+/// <status>`; `/vod/*` the same static file; `/big/*` one of [`ORIGIN_BIG_BYTES`]; `/pv/*` a body naming the version asked for
 /// (`X-Version`), `/pt/TAG/*` tagged `Surrogate-Key: TAG`; `/healthz` for the probe. Runs read-only as the
 /// image's user: the pid file and nginx's temporary paths under the `/tmp` emptyDir.
 const ORIGIN_CONF: &str = r#"# The origin of the node tests (e2e/src/node/origin.rs).
@@ -54,6 +57,9 @@ http {
         location /vod/ {
             try_files /body.ts =404;
         }
+        location /big/ {
+            try_files /big.ts =404;
+        }
         # Versioned objects (the purge test): the body names the version the request asks for in
         # X-Version (1 without), as an origin that published a new version.
         location /pv/ {
@@ -83,7 +89,7 @@ pub async fn apply_origin(client: &Client, ns: &str, image: &str) {
     let params = PatchParams::apply(USER_MANAGER);
     let config_map: k8s_openapi::api::core::v1::ConfigMap = serde_json::from_value(json!({
         "metadata": {"name": "origin"},
-        "data": {"nginx.conf": ORIGIN_CONF, "body.ts": ORIGIN_BODY},
+        "data": {"nginx.conf": ORIGIN_CONF, "body.ts": ORIGIN_BODY, "big.ts": big_body()},
     }))
     .expect("a ConfigMap");
     Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(client.clone(), ns)
@@ -157,8 +163,18 @@ pub async fn apply_origin(client: &Client, ns: &str, image: &str) {
         .unwrap_or_else(|e| panic!("Service {ns}/origin: {e}"));
 }
 
+/// The body of every `/big/` object: [`ORIGIN_BIG_BYTES`] of text.
+pub fn big_body() -> String {
+    "0123456789abcdef".repeat(ORIGIN_BIG_BYTES / 16)
+}
+
 /// How many requests for `path` origin pod `pod` of `ns` logged.
 pub async fn origin_requests(client: &Client, ns: &str, pod: &str, path: &str) -> usize {
+    origin_requests_matching(client, ns, pod, &format!("{path} ")).await
+}
+
+/// How many requests for a path starting with `prefix` origin pod `pod` of `ns` logged.
+pub async fn origin_requests_matching(client: &Client, ns: &str, pod: &str, prefix: &str) -> usize {
     let params = kube::api::LogParams {
         container: Some("origin".into()),
         ..Default::default()
@@ -167,6 +183,6 @@ pub async fn origin_requests(client: &Client, ns: &str, pod: &str, path: &str) -
         .logs(pod, &params)
         .await
         .unwrap_or_else(|e| panic!("the logs of {ns}/{pod}: {e}"));
-    let line = format!("origin-request GET {path} ");
+    let line = format!("origin-request GET {prefix}");
     logs.lines().filter(|l| l.starts_with(&line)).count()
 }
