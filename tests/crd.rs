@@ -72,11 +72,12 @@ fn the_seed_examples_and_the_readme_topology_are_accepted() {
         seed("cdncluster-cache-vod.yaml"),
         root().join("examples/topology.yaml"),
         root().join("examples/pool.yaml"),
+        root().join("examples/demo.yaml"),
         root().join("tests/golden/tls-topology.yaml"),
     ];
     let (ok, report) = validate(&crds[0], &clusters);
     assert!(ok, "{report}");
-    assert_eq!(report.matches(": OK").count(), 12, "{report}");
+    assert_eq!(report.matches(": OK").count(), 14, "{report}");
     let (ok, report) = validate(&crds[1], &[seed("at-example.yaml")]);
     assert!(ok, "{report}");
     assert!(report.contains("example-at: OK"), "{report}");
