@@ -9,6 +9,8 @@
 //! `cargo test -p cdn-operator-e2e --test rollouts` against the cluster of `e2e/node.sh up`.
 
 use cdn_operator::cdncluster::nginx::{CACHE_STATUS_HEADER, SERVICE_PORT_NAME};
+// The sidecar's DNS client: the cluster DNS asked as nginx asks it.
+use cdn_operator::nginx_metrics::ring;
 use cdn_operator_e2e::node::{
     apply_cluster, apply_origin, cluster_pods, cluster_running, operator_ready_and_leading,
     origin_requests_matching, ready_pods, service_address, until, NodeTest, Scope, OPERATOR_PODS,
@@ -22,7 +24,7 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Api, DeleteParams, EvictParams, ListParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -229,41 +231,6 @@ fn in_kube_proxy_rules(ip: &str) -> Option<bool> {
         .then(|| String::from_utf8_lossy(&out.stdout).contains(&format!("--to-destination {ip}:")))
 }
 
-/// The addresses the DNS server at `server` answers for `name` (A), over UDP.
-async fn addresses(server: SocketAddr, name: &str) -> Option<Vec<String>> {
-    use simple_dns::rdata::RData;
-    use simple_dns::{Name, Packet, PacketFlag, Question, CLASS, QCLASS, TYPE};
-    let socket = tokio::net::UdpSocket::bind("0.0.0.0:0").await.ok()?;
-    let mut query = Packet::new_query(0x5151);
-    query.set_flags(PacketFlag::RECURSION_DESIRED);
-    query.questions.push(Question::new(
-        Name::new_unchecked(name),
-        TYPE::A.into(),
-        QCLASS::CLASS(CLASS::IN),
-        false,
-    ));
-    socket
-        .send_to(&query.build_bytes_vec().ok()?, server)
-        .await
-        .ok()?;
-    let mut buf = [0u8; 4096];
-    let len = tokio::time::timeout(Duration::from_secs(1), socket.recv(&mut buf))
-        .await
-        .ok()?
-        .ok()?;
-    let reply = Packet::parse(&buf[..len]).ok()?;
-    Some(
-        reply
-            .answers
-            .iter()
-            .filter_map(|rr| match &rr.rdata {
-                RData::A(a) => Some(Ipv4Addr::from(a.clone()).to_string()),
-                _ => None,
-            })
-            .collect(),
-    )
-}
-
 /// Deletes `pod` (of CdnCluster `service`, whose Service has its name) and follows it leaving.
 async fn delete_and_follow(client: &Client, ns: &str, service: &str, pod: &Pod) -> Leaving {
     let ip = pod_ip(pod);
@@ -272,7 +239,7 @@ async fn delete_and_follow(client: &Client, ns: &str, service: &str, pod: &Pod) 
         .and_then(|a| a.parse().ok());
     let name = format!("{service}.{ns}.svc.cluster.local");
     let headless = dns.is_some()
-        && addresses(dns.unwrap(), &name)
+        && ring::addresses(dns.unwrap(), &name)
             .await
             .is_some_and(|a| a.contains(&ip));
     let proxied = in_kube_proxy_rules(&ip) == Some(true);
@@ -290,7 +257,7 @@ async fn delete_and_follow(client: &Client, ns: &str, service: &str, pod: &Pod) 
             leaving.kube_proxy = Some(started.elapsed());
         }
         if headless && leaving.dns.is_none() {
-            if let Some(answer) = addresses(dns.unwrap(), &name).await {
+            if let Some(answer) = ring::addresses(dns.unwrap(), &name).await {
                 if !answer.contains(&ip) {
                     leaving.dns = Some(started.elapsed());
                 }

@@ -489,6 +489,17 @@ fn the_ids_a_cluster_pins_are_set_on_the_nginx_pods() {
     assert_eq!(psc, Some(crate::kubernetes::restricted::pod(&run_as)));
 }
 
+/// The pod spec of `c`'s Deployment, built with `pods`.
+fn pod_spec(c: &CdnCluster, pods: &build::PodSettings) -> k8s_openapi::api::core::v1::PodSpec {
+    build::children(c, &[], &RunAs::default(), pods)
+        .deployment
+        .spec
+        .unwrap()
+        .template
+        .spec
+        .unwrap()
+}
+
 #[test]
 fn nginx_runs_the_operators_default_image_unless_the_spec_names_one() {
     // A release pins the default by digest (RELATED_IMAGE_NGINX): a mirror serves digests only.
@@ -501,16 +512,7 @@ fn nginx_runs_the_operators_default_image_unless_the_spec_names_one() {
             images: images.clone(),
             ..Default::default()
         };
-        build::children(c, &[], &RunAs::default(), &pods)
-            .deployment
-            .spec
-            .unwrap()
-            .template
-            .spec
-            .unwrap()
-            .containers[0]
-            .image
-            .clone()
+        pod_spec(c, &pods).containers[0].image.clone()
     };
     let mut c = cluster("c", Role::Cache, vec![]);
     assert_eq!(image(&c).as_deref(), Some(images.nginx.as_str()));
@@ -1565,15 +1567,7 @@ fn a_cluster_domain_is_checked() {
 
 #[test]
 fn nginx_closes_the_requests_in_flight_itself_before_the_pod_is_killed() {
-    let pod = |cluster: &CdnCluster| {
-        build::children(cluster, &[], &RunAs::default(), &Default::default())
-            .deployment
-            .spec
-            .unwrap()
-            .template
-            .spec
-            .unwrap()
-    };
+    let pod = |cluster: &CdnCluster| pod_spec(cluster, &Default::default());
     let stop_delay = |cluster: &CdnCluster| {
         pod(cluster).containers[0]
             .lifecycle

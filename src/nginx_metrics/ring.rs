@@ -153,8 +153,18 @@ impl Watch {
 /// The SRV records of `name` from `server`: `weight port target` each, sorted; an empty list for
 /// no record (NXDOMAIN too: a Service with no ready pod); `None` when no answer came.
 pub async fn srv(server: SocketAddr, name: &str) -> Option<Vec<String>> {
+    ask(server, name, simple_dns::TYPE::SRV).await
+}
+
+/// The IPv4 addresses (A records) of `name` from `server`, as [`srv`] answers.
+pub async fn addresses(server: SocketAddr, name: &str) -> Option<Vec<String>> {
+    ask(server, name, simple_dns::TYPE::A).await
+}
+
+/// One question of type `kind` over UDP, the records of that type in the answer as text, sorted.
+async fn ask(server: SocketAddr, name: &str, kind: simple_dns::TYPE) -> Option<Vec<String>> {
     use simple_dns::rdata::RData;
-    use simple_dns::{Name, Packet, PacketFlag, Question, CLASS, QCLASS, RCODE, TYPE};
+    use simple_dns::{Name, Packet, PacketFlag, Question, CLASS, QCLASS, RCODE};
     let bind: SocketAddr = if server.is_ipv4() {
         "0.0.0.0:0".parse().ok()?
     } else {
@@ -166,7 +176,7 @@ pub async fn srv(server: SocketAddr, name: &str) -> Option<Vec<String>> {
     query.set_flags(PacketFlag::RECURSION_DESIRED);
     query.questions.push(Question::new(
         Name::new(name).ok()?,
-        TYPE::SRV.into(),
+        kind.into(),
         QCLASS::CLASS(CLASS::IN),
         false,
     ));
@@ -193,7 +203,12 @@ pub async fn srv(server: SocketAddr, name: &str) -> Option<Vec<String>> {
         .answers
         .iter()
         .filter_map(|rr| match &rr.rdata {
-            RData::SRV(srv) => Some(format!("{} {} {}", srv.weight, srv.port, srv.target)),
+            RData::SRV(srv) if kind == simple_dns::TYPE::SRV => {
+                Some(format!("{} {} {}", srv.weight, srv.port, srv.target))
+            }
+            RData::A(a) if kind == simple_dns::TYPE::A => {
+                Some(std::net::Ipv4Addr::from(a.clone()).to_string())
+            }
             _ => None,
         })
         .collect();
@@ -310,7 +325,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn srv_records_are_asked_over_udp() {
+    async fn srv_and_a_records_are_asked_over_udp() {
         let dns = cdn_operator_testkit::Dns::start();
         dns.set_srv(
             "_http._tcp.cache.ns.svc.cluster.local",
@@ -325,6 +340,14 @@ mod tests {
         assert_eq!(
             srv(dns.addr(), "_http._tcp.none.ns.svc.cluster.local").await,
             Some(vec![])
+        );
+        dns.set(
+            "cache.ns.svc.cluster.local",
+            &["10.0.0.3".parse().unwrap(), "10.0.0.2".parse().unwrap()],
+        );
+        assert_eq!(
+            addresses(dns.addr(), "cache.ns.svc.cluster.local").await,
+            Some(vec!["10.0.0.2".to_string(), "10.0.0.3".to_string()])
         );
         // No server there: no answer, not an empty one.
         let silent = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
