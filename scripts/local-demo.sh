@@ -31,8 +31,9 @@ helm=$(command -v helm || echo "$TOOLS/bin/helm")
 [[ -x $helm ]] || bash "$repo/scripts/install-helm.sh" "$TOOLS"
 say "installing the operator ($OPERATOR_IMAGE) with the chart, release $RELEASE in $RELEASE"
 # Strings as strings: a tag such as 1.30 would be a number to --set.
+# --take-ownership: CRDs another release (a node test's) installed are adopted, not refused.
 "$helm" upgrade --install "$RELEASE" "$repo/helm/cdn-operator" --namespace "$RELEASE" \
-  --create-namespace --wait --timeout 5m \
+  --create-namespace --take-ownership --wait --timeout 5m \
   --set-string image.registry=localhost --set-string image.repository=cdn-operator \
   --set-string image.tag=e2e --set-string image.pullPolicy=IfNotPresent \
   --set-string managedPods.image="$NGINX_IMAGE" >/dev/null
@@ -58,7 +59,8 @@ cat <<EOF
 
 The CDN answers at $url (the balancer's Service, routed to this host by e2e/node.sh):
 
-  curl -si $url          # X-Cache-Status: MISS the first time, then HIT
+  curl -si $url          # X-Cache-Status: HIT (this script's own request was the MISS)
+  curl -si ${url%/*}/seg-1.ts    # MISS the first time, then HIT
   export KUBECONFIG=$KUBECONFIG
   kubectl get cdn -n $NAMESPACE
 
