@@ -240,7 +240,13 @@ impl World {
         };
         if self.counted {
             let keys = self.path().join(wire::PUBLIC_KEYS_KEY);
-            let sidecar = Sidecar::start(self.cluster(name), &own, &format!("{host}:9113"), &keys);
+            let sidecar = Sidecar::start(
+                self.cluster(name),
+                instance,
+                &own,
+                &format!("{host}:9113"),
+                &keys,
+            );
             self.sidecars.push((instance.into(), sidecar));
         }
         self.start_nginx(name, instance, &paths);
@@ -267,6 +273,12 @@ impl World {
     /// process on the same folders (the pod's emptyDirs), its sidecar left running.
     fn restart(&mut self, name: &str, instance: &str) {
         self.stop(instance);
+        self.start_again(name, instance);
+    }
+
+    /// Starts again the nginx of `instance` of `name`, stopped by [`World::stop`], on its
+    /// folders.
+    fn start_again(&mut self, name: &str, instance: &str) {
         let own = self.path().join(instance);
         let listen = address(self.net, instance);
         let (host, _) = listen.rsplit_once(':').unwrap();
@@ -343,6 +355,12 @@ impl World {
     fn metrics(&self, instance: &str) -> String {
         let (_, sidecar) = self.sidecars.iter().find(|(i, _)| i == instance).unwrap();
         sidecar.scrape()
+    }
+
+    /// The status of `instance`'s sidecar's `/readyz`: the pod's readiness.
+    fn ready(&self, instance: &str) -> u16 {
+        let (_, sidecar) = self.sidecars.iter().find(|(i, _)| i == instance).unwrap();
+        request(&sidecar.listen, "GET", "/readyz", &[], b"").map_or(0, |reply| reply.status)
     }
 
     /// Writes the object `path` (from the origin's root) with `body`.
@@ -1499,6 +1517,75 @@ fn busy_keep_alive_connections_are_answered_then_closed_not_cut_when_the_pod_sto
     assert!(log.contains("gracefully shutting down"), "{summary}");
 }
 
+/// A pod is Ready (its sidecar's `/readyz`, the readiness probe the operator writes) only once
+/// nginx holds every ready pod of its sources: each SRV answer nginx looks up unchanged for longer
+/// than nginx keeps one (5 s) since nginx answered. A change before that starts the wait again;
+/// once Ready, a change of the sources leaves it Ready; nginx stopped makes it unready, and
+/// started again it waits again. A cache whose sources are origins (no SRV lookup) is Ready as
+/// soon as nginx answers.
+#[test]
+fn a_pod_is_ready_once_nginx_holds_every_pod_of_its_sources() {
+    let mut world = World::start_counted(26, topology(|_| {}));
+    let is_ready = |world: &World, instance: &str, within: Duration| {
+        settle(
+            within,
+            Duration::from_millis(100),
+            || world.ready(instance),
+            |status| *status == 200,
+        ) == 200
+    };
+    assert!(is_ready(&world, "cache-a", Duration::from_secs(3)));
+    // The edge's nginx answers since a moment: it may not hold the caches' pods yet.
+    assert_eq!(world.ready("edge"), 503);
+    std::thread::sleep(Duration::from_secs(2));
+    // cache-a gains a pod: nginx may keep its old answer for 5 s more.
+    let pods = [ip(26, "cache-a"), "127.0.26.41".to_string()];
+    let pods: Vec<&str> = pods.iter().map(String::as_str).collect();
+    world.names.members(&service_name("cache-a"), &pods);
+    let changed = Instant::now();
+    assert!(is_ready(&world, "edge", Duration::from_secs(15)));
+    let waited = changed.elapsed();
+    assert!(
+        waited >= Duration::from_secs(5),
+        "Ready {waited:?} after its source changed: nginx may not hold it yet"
+    );
+    // Ready: a source's change (a pod gone) leaves it Ready.
+    world
+        .names
+        .members(&service_name("cache-a"), &[&ip(26, "cache-a")]);
+    for _ in 0..20 {
+        assert_eq!(
+            world.ready("edge"),
+            200,
+            "unready for a change of its sources"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // nginx stopped: unready; started again: not before it can hold its sources again.
+    world.stop("edge");
+    assert!(
+        settle(
+            Duration::from_secs(5),
+            Duration::from_millis(100),
+            || world.ready("edge"),
+            |status| *status == 503,
+        ) == 503,
+        "Ready while nginx is down"
+    );
+    world.start_again("edge", "edge");
+    let restarted = Instant::now();
+    assert_eq!(world.ready("edge"), 503);
+    assert!(is_ready(&world, "edge", Duration::from_secs(15)));
+    assert!(
+        restarted.elapsed() >= Duration::from_secs(4),
+        "{:?}",
+        restarted.elapsed()
+    );
+    // Through it all, the edge serves.
+    world.put("/ready/a.ts", b"ready");
+    assert_eq!(world.get("/ready/a.ts", &[]).status, 200);
+}
+
 /// `c` serving HTTPS with the Secret `edge-tls`, plain HTTP redirected if `redirect`.
 fn with_tls(c: &mut CdnCluster, redirect: bool) {
     c.spec.tls = Some(Box::new(TlsSpec {
@@ -1890,9 +1977,15 @@ struct Sidecar {
 }
 
 impl Sidecar {
-    /// Starts the sidecar of an instance of `cluster` whose folders are `own`, serving on
-    /// `listen`; returns once it serves.
-    fn start(cluster: &CdnCluster, own: &Path, listen: &str, purge_keys: &Path) -> Sidecar {
+    /// Starts the sidecar of `instance` of `cluster`, whose folders are `own` (its configuration
+    /// beside them, `instance.conf`), serving on `listen`; returns once it serves.
+    fn start(
+        cluster: &CdnCluster,
+        instance: &str,
+        own: &Path,
+        listen: &str,
+        purge_keys: &Path,
+    ) -> Sidecar {
         use cdn_operator::cdncluster::nginx::{METRICS_LOG, STATUS_SOCKET};
         let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_cdn-operator"));
         command
@@ -1903,7 +1996,13 @@ impl Sidecar {
             .arg(own.join(STATUS_SOCKET))
             .args(["--listen", listen])
             .args(["--cdncluster", cluster.metadata.name.as_deref().unwrap()])
-            .args(["--role", cluster.spec.role.as_str()]);
+            .args(["--role", cluster.spec.role.as_str()])
+            // The pod's readiness, as the operator writes the sidecar's arguments: the
+            // configuration nginx runs and the resolver it was given.
+            .arg("--nginx-conf")
+            .arg(own.parent().unwrap().join(format!("{instance}.conf")))
+            .arg("--resolver")
+            .arg(own.join(cdn_operator::cdncluster::nginx::RESOLVER_FILE));
         if cluster.spec.role == Role::Cache {
             command
                 .arg("--cache-dir")
