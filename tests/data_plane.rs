@@ -947,6 +947,21 @@ fn run_pod(world: &World, name: &str, volume: &ConfigVolume, listen: &str, conf:
     nginx
 }
 
+/// [`run_pod`] of a pod `pod` of the CdnCluster `cluster` of `world` listening on `listen`, its
+/// configuration and entrypoint as the operator writes them in its ConfigMap.
+fn cluster_pod(world: &World, cluster: &str, listen: &str) -> Nginx {
+    let paths = Paths {
+        listen: listen.into(),
+        ..Paths::default()
+    };
+    let conf = nginx_config(world.cluster(cluster), &world.clusters, &paths);
+    let volume = ConfigVolume::new(
+        world.path().join("cm"),
+        &[(CONFIG_KEY, &conf), (ENTRYPOINT_KEY, ENTRYPOINT)],
+    );
+    run_pod(world, "pod", &volume, listen, &conf)
+}
+
 #[test]
 fn a_configuration_change_is_applied_in_place_and_keeps_the_cache() {
     // The cache runs as its pod does: the entrypoint from its ConfigMap, mounted read-only at
@@ -1323,16 +1338,7 @@ fn a_pod_told_to_stop_during_a_download(net: u8, signal: Signal) {
         .collect();
     world.put("/slow/movie.mp4", &object);
     let listen = format!("127.0.{net}.40:80");
-    let paths = Paths {
-        listen: listen.clone(),
-        ..Paths::default()
-    };
-    let conf = nginx_config(world.cluster("cache-a"), &world.clusters, &paths);
-    let volume = ConfigVolume::new(
-        world.path().join("cm"),
-        &[(CONFIG_KEY, &conf), (ENTRYPOINT_KEY, ENTRYPOINT)],
-    );
-    let mut pod = run_pod(&world, "pod", &volume, &listen, &conf);
+    let mut pod = cluster_pod(&world, "cache-a", &listen);
     let log = || std::fs::read_to_string(world.path().join("pod.log")).unwrap();
 
     let (got, signalled, refused, exit, exited) = std::thread::scope(|s| {
@@ -1428,16 +1434,7 @@ fn busy_keep_alive_connections_are_answered_then_closed_not_cut_when_the_pod_sto
     let world = World::start(25, topology(|_| {}));
     world.put("/kept/small.ts", &[7u8; 1024]);
     let listen = "127.0.25.40:80".to_string();
-    let paths = Paths {
-        listen: listen.clone(),
-        ..Paths::default()
-    };
-    let conf = nginx_config(world.cluster("edge"), &world.clusters, &paths);
-    let volume = ConfigVolume::new(
-        world.path().join("cm"),
-        &[(CONFIG_KEY, &conf), (ENTRYPOINT_KEY, ENTRYPOINT)],
-    );
-    let mut pod = run_pod(&world, "pod", &volume, &listen, &conf);
+    let mut pod = cluster_pod(&world, "edge", &listen);
     let addr: std::net::SocketAddr = listen.parse().unwrap();
     let first = KeepAlive::new(addr, HOST.1)
         .get("/kept/small.ts", &[])

@@ -234,14 +234,20 @@ fn in_kube_proxy_rules(ip: &str) -> Option<bool> {
 /// Deletes `pod` (of CdnCluster `service`, whose Service has its name) and follows it leaving.
 async fn delete_and_follow(client: &Client, ns: &str, service: &str, pod: &Pod) -> Leaving {
     let ip = pod_ip(pod);
-    let dns: Option<SocketAddr> = std::env::var(CLUSTER_DNS_ENV)
+    let name = format!("{service}.{ns}.svc.cluster.local");
+    // The cluster DNS, when it names the pod (a headless Service): followed too.
+    let mut dns: Option<SocketAddr> = std::env::var(CLUSTER_DNS_ENV)
         .ok()
         .and_then(|a| a.parse().ok());
-    let name = format!("{service}.{ns}.svc.cluster.local");
-    let headless = dns.is_some()
-        && ring::addresses(dns.unwrap(), &name)
+    if let Some(server) = dns {
+        if !ring::addresses(server, &name)
             .await
-            .is_some_and(|a| a.contains(&ip));
+            .is_some_and(|a| a.contains(&ip))
+        {
+            dns = None;
+        }
+    }
+    let headless = dns.is_some();
     let proxied = in_kube_proxy_rules(&ip) == Some(true);
     let started = Instant::now();
     Api::<Pod>::namespaced(client.clone(), ns)
@@ -256,11 +262,12 @@ async fn delete_and_follow(client: &Client, ns: &str, service: &str, pod: &Pod) 
         if proxied && leaving.kube_proxy.is_none() && in_kube_proxy_rules(&ip) == Some(false) {
             leaving.kube_proxy = Some(started.elapsed());
         }
-        if headless && leaving.dns.is_none() {
-            if let Some(answer) = ring::addresses(dns.unwrap(), &name).await {
-                if !answer.contains(&ip) {
-                    leaving.dns = Some(started.elapsed());
-                }
+        if let (Some(server), None) = (dns, leaving.dns) {
+            if ring::addresses(server, &name)
+                .await
+                .is_some_and(|answer| !answer.contains(&ip))
+            {
+                leaving.dns = Some(started.elapsed());
             }
         }
         let done = leaving.endpoint.is_some()
@@ -278,7 +285,7 @@ async fn delete_and_follow(client: &Client, ns: &str, service: &str, pod: &Pod) 
 /// eviction its PodDisruptionBudget refuses (429) is asked again (kube's client does so itself,
 /// with backoff; this loop, a second later, when that gives up). How long each took is printed:
 /// the second pod's waits for the first's replacement to be Ready.
-async fn drain(client: &Client, ns: &str, name: &str) -> usize {
+async fn drain(client: &Client, ns: &str, name: &str) {
     let budget = Api::<PodDisruptionBudget>::namespaced(client.clone(), ns)
         .get(name)
         .await
@@ -298,7 +305,6 @@ async fn drain(client: &Client, ns: &str, name: &str) -> usize {
         .iter()
         .map(|p| p.name_any())
         .collect();
-    let mut refused = 0;
     for pod in &first {
         let started = Instant::now();
         let deadline = started + WAIT;
@@ -312,7 +318,6 @@ async fn drain(client: &Client, ns: &str, name: &str) -> usize {
                     break;
                 }
                 Err(kube::Error::Api(status)) if status.code == 429 => {
-                    refused += 1;
                     assert!(
                         Instant::now() < deadline,
                         "evicting {pod}: refused until now"
@@ -324,7 +329,6 @@ async fn drain(client: &Client, ns: &str, name: &str) -> usize {
             }
         }
     }
-    refused
 }
 
 fn seconds(d: Option<Duration>) -> String {

@@ -268,8 +268,8 @@ pub fn stop_delay_seconds(cluster: &CdnCluster) -> i64 {
     wanted.min(termination_grace_seconds(cluster) - 3).max(1)
 }
 
-pub const BALANCER_STOP_DELAY_SECONDS: i64 = 5;
-pub const CACHE_STOP_DELAY_SECONDS: i64 = 12;
+const BALANCER_STOP_DELAY_SECONDS: i64 = 5;
+const CACHE_STOP_DELAY_SECONDS: i64 = 12;
 
 /// The time a pod told to stop has to finish its requests in flight, unless the spec says.
 pub const DEFAULT_TERMINATION_GRACE_SECONDS: i64 = 60;
@@ -735,6 +735,15 @@ fn resources(cluster: &CdnCluster, cache_volume: Option<&Quantity>) -> ResourceR
     resources
 }
 
+/// A probe's plain HTTP GET of `path` on the pod's `port`.
+fn http_get(path: &str, port: IntOrString) -> HTTPGetAction {
+    HTTPGetAction {
+        path: Some(path.into()),
+        port,
+        ..HTTPGetAction::default()
+    }
+}
+
 /// The metrics sidecar of `cluster`'s pods: started before nginx and stopped after it (a
 /// restartable init container), so it counts every request; it reads the log nginx writes in
 /// the shared temp folder, and measures a cache's filesystem.
@@ -793,11 +802,7 @@ fn metrics_sidecar(cluster: &CdnCluster, image: &str) -> Container {
             ..VolumeMount::default()
         });
     }
-    let health = HTTPGetAction {
-        path: Some("/healthz".into()),
-        port: IntOrString::String(metrics::PORT_NAME.into()),
-        ..HTTPGetAction::default()
-    };
+    let health = http_get("/healthz", IntOrString::String(metrics::PORT_NAME.into()));
     Container {
         name: metrics::PORT_NAME.into(),
         image: Some(image.into()),
@@ -952,11 +957,10 @@ fn deployment(cluster: &CdnCluster, run_as: &RunAs, images: &PodImages) -> Deplo
     }
 
     let probe = |initial_delay: i32| Probe {
-        http_get: Some(HTTPGetAction {
-            path: Some(HEALTH_PATH.into()),
-            port: IntOrString::String(SERVICE_PORT_NAME.into()),
-            ..HTTPGetAction::default()
-        }),
+        http_get: Some(http_get(
+            HEALTH_PATH,
+            IntOrString::String(SERVICE_PORT_NAME.into()),
+        )),
         initial_delay_seconds: Some(initial_delay),
         period_seconds: Some(10),
         ..Probe::default()
@@ -990,11 +994,10 @@ fn deployment(cluster: &CdnCluster, run_as: &RunAs, images: &PodImages) -> Deplo
         // nginx answers.
         readiness_probe: Some(match images.metrics() {
             Some(_) => Probe {
-                http_get: Some(HTTPGetAction {
-                    path: Some("/readyz".into()),
-                    port: IntOrString::Int(i32::from(metrics::PORT)),
-                    ..HTTPGetAction::default()
-                }),
+                http_get: Some(http_get(
+                    "/readyz",
+                    IntOrString::Int(i32::from(metrics::PORT)),
+                )),
                 period_seconds: Some(2),
                 ..Probe::default()
             },

@@ -491,13 +491,12 @@ fn the_ids_a_cluster_pins_are_set_on_the_nginx_pods() {
 
 /// The pod spec of `c`'s Deployment, built with `pods`.
 fn pod_spec(c: &CdnCluster, pods: &build::PodSettings) -> k8s_openapi::api::core::v1::PodSpec {
-    build::children(c, &[], &RunAs::default(), pods)
-        .deployment
-        .spec
-        .unwrap()
-        .template
-        .spec
-        .unwrap()
+    pod_spec_of(build::children(c, &[], &RunAs::default(), pods))
+}
+
+/// The pod spec of the Deployment of `children`.
+fn pod_spec_of(children: build::Children) -> k8s_openapi::api::core::v1::PodSpec {
+    children.deployment.spec.unwrap().template.spec.unwrap()
 }
 
 #[test]
@@ -582,14 +581,8 @@ fn a_config_change_is_applied_in_place_without_a_rollout() {
     );
     let data = after.config_map.data.unwrap();
     assert_eq!(data[ENTRYPOINT_KEY], ENTRYPOINT);
-    let container = &before
-        .deployment
-        .spec
-        .unwrap()
-        .template
-        .spec
-        .unwrap()
-        .containers[0];
+    let pod = pod_spec_of(before);
+    let container = &pod.containers[0];
     assert_eq!(
         container.command.as_deref(),
         Some(

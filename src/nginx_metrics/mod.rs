@@ -224,27 +224,7 @@ async fn follow_sources(
         let verdict = if up && watch.is_ready() {
             Ok(())
         } else {
-            // Read each time: a new configuration may name other sources.
-            let names = std::fs::read_to_string(&conf)
-                .map(|text| ring::lookups(&text))
-                .unwrap_or_default();
-            let server = std::fs::read_to_string(&resolver)
-                .ok()
-                .and_then(|text| ring::resolver(&text));
-            match server {
-                None if !names.is_empty() => Err(format!(
-                    "no resolver in {} to look the sources up with",
-                    resolver.display()
-                )),
-                None => watch.ready(&[], Duration::ZERO, Instant::now()),
-                Some((server, valid)) => {
-                    for name in &names {
-                        let answer = ring::srv(server, name).await;
-                        watch.answer(name, answer, Instant::now());
-                    }
-                    watch.ready(&names, valid, Instant::now())
-                }
-            }
+            look_up_sources(&mut watch, &conf, &resolver).await
         };
         ready.set(verdict.is_ok());
         if said != Some(verdict.is_ok()) {
@@ -256,6 +236,35 @@ async fn follow_sources(
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
+}
+
+/// Asks nginx's resolver what nginx asks it, the names read from its configuration each time (a
+/// new one may name other sources), and judges with `watch` whether nginx holds the answers.
+async fn look_up_sources(
+    watch: &mut ring::Watch,
+    conf: &Path,
+    resolver: &Path,
+) -> Result<(), String> {
+    let names = std::fs::read_to_string(conf)
+        .map(|text| ring::lookups(&text))
+        .unwrap_or_default();
+    let server = std::fs::read_to_string(resolver)
+        .ok()
+        .and_then(|text| ring::resolver(&text));
+    let Some((server, valid)) = server else {
+        if names.is_empty() {
+            return watch.ready(&[], Duration::ZERO, Instant::now());
+        }
+        return Err(format!(
+            "no resolver in {} to look the sources up with",
+            resolver.display()
+        ));
+    };
+    for name in &names {
+        let answer = ring::srv(server, name).await;
+        watch.answer(name, answer, Instant::now());
+    }
+    watch.ready(&names, valid, Instant::now())
 }
 
 /// nginx's metrics log, read from where the last reading stopped.
