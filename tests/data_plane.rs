@@ -1828,7 +1828,13 @@ fn a_renewed_certificate_is_served_within_seconds_without_a_restart_keeping_the_
     let first = ca.issue(HOST.1, "cdn.example (first)", 1);
     let mut secret = SecretVolume::new(world.path().join("secret"), &first.secret_data());
 
-    let pod = children.deployment.spec.as_ref().unwrap();
+    let pod = children
+        .workload
+        .deployment()
+        .unwrap()
+        .spec
+        .as_ref()
+        .unwrap();
     let pod = pod.template.spec.as_ref().unwrap();
     let container = &pod.containers[0];
     let mut sandbox = Sandbox::read_only_root()

@@ -875,7 +875,7 @@ fn start_as_pod(
     names: &Names,
     addr: &str,
 ) -> Nginx {
-    let pod = pod_spec(&children.deployment);
+    let pod = pod_spec(children.workload.deployment().unwrap());
     let container = &pod.containers[0];
     let volumes = pod.volumes.as_deref().unwrap();
     let config = dir.join("config");
@@ -945,7 +945,7 @@ fn the_pod_runs_nginx_as_any_uid_writing_only_to_its_empty_dirs() {
         )
         .unwrap();
         let children = build::children(&c, &upstreams, &Default::default(), &Default::default());
-        let psc = pod_spec(&children.deployment)
+        let psc = pod_spec(children.workload.deployment().unwrap())
             .security_context
             .as_ref()
             .unwrap();

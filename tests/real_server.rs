@@ -218,7 +218,10 @@ fn the_children_as_the_server_returns_them_need_no_write() {
     for name in CLUSTERS {
         let children = desired(name);
         assert_eq!(
-            change(children.deployment, &format!("deployment-{name}")),
+            change(
+                children.workload.deployment().cloned().unwrap(),
+                &format!("deployment-{name}")
+            ),
             None,
             "{name}'s Deployment"
         );
@@ -240,7 +243,10 @@ fn hand_edits_on_the_real_server_are_restored() {
     // `kubectl patch` (an update) of the image: the field moved to the manager kubectl-edit.
     let vod = desired("cache-vod");
     assert_eq!(
-        change(vod.deployment, "deployment-cache-vod-edited"),
+        change(
+            vod.workload.deployment().cloned().unwrap(),
+            "deployment-cache-vod-edited"
+        ),
         Some(Change::Restored)
     );
     assert_eq!(
@@ -250,7 +256,10 @@ fn hand_edits_on_the_real_server_are_restored() {
     // `kubectl scale`: replicas moved to the scale subresource's manager.
     let live = desired("cache-live");
     assert_eq!(
-        change(live.deployment, "deployment-cache-live-scaled"),
+        change(
+            live.workload.deployment().cloned().unwrap(),
+            "deployment-cache-live-scaled"
+        ),
         Some(Change::Restored)
     );
 }
@@ -261,7 +270,10 @@ fn a_new_spec_is_an_update() {
     cluster.spec.replicas = 3;
     let children = build::children(&cluster, &[], &Default::default(), &Default::default());
     assert_eq!(
-        change(children.deployment, "deployment-cache-live"),
+        change(
+            children.workload.deployment().cloned().unwrap(),
+            "deployment-cache-live"
+        ),
         Some(Change::Updated)
     );
 }

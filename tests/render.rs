@@ -399,7 +399,7 @@ async fn render_prints_what_the_reconcile_applies() {
     for children in &rendered.clusters {
         assert_applied(&fake, &children.config_map).await;
         assert_applied(&fake, &children.service).await;
-        assert_applied(&fake, &children.deployment).await;
+        assert_applied(&fake, children.workload.deployment().unwrap()).await;
     }
 
     // From the files: no uid, so no owner; nothing else differs (the nginx configuration
@@ -421,11 +421,21 @@ async fn render_prints_what_the_reconcile_applies() {
             without_uids(&exported.service)
         );
         assert_eq!(
-            without_uids(&offline.deployment),
-            without_uids(&exported.deployment)
+            without_uids(&offline.workload.deployment().unwrap()),
+            without_uids(&exported.workload.deployment().unwrap())
         );
-        assert!(offline.deployment.owner_references().is_empty());
-        assert!(!exported.deployment.owner_references().is_empty());
+        assert!(offline
+            .workload
+            .deployment()
+            .unwrap()
+            .owner_references()
+            .is_empty());
+        assert!(!exported
+            .workload
+            .deployment()
+            .unwrap()
+            .owner_references()
+            .is_empty());
     }
     assert_eq!(rendered.nginx(), from_files.nginx());
 }

@@ -232,6 +232,12 @@ fn expected_cluster_grants() -> BTreeSet<Grant> {
     // src/cdncluster/mod.rs apply_service: a Service whose clusterIP must change is created
     // again.
     g.insert(grant("", "services", "", "delete"));
+    // src/cdncluster/children.rs apply_workload: a cache with a volume runs in a StatefulSet;
+    // the workload of the other kind is deleted once the new one's pods are ready.
+    for verb in ["list", "watch", "create", "patch", "delete"] {
+        g.insert(grant("apps", "statefulsets", "", verb));
+    }
+    g.insert(grant("apps", "deployments", "", "delete"));
     // src/cdncluster/children.rs apply_budget: a cluster with more than one replica has a
     // PodDisruptionBudget, deleted when it scales down to one.
     for verb in ["list", "watch", "create", "patch", "delete"] {
@@ -770,7 +776,10 @@ fn the_pod_monitor_scrapes_the_metrics_port_of_every_nginx_pod() {
     for role in [Role::Balancer, Role::Cache] {
         let cluster = CdnCluster::new("edge", CdnClusterSpec::new(role, vec![]));
         let pod = build::children(&cluster, &[], &Default::default(), &sidecar)
-            .deployment
+            .workload
+            .deployment()
+            .cloned()
+            .unwrap()
             .spec
             .unwrap()
             .template

@@ -265,6 +265,8 @@ fn default_service_port() -> i32 {
 /// Cache tuning for the `cache` role.
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema, Default)]
 #[serde(rename_all = "camelCase")]
+// A StatefulSet's claims are made once: the API server refuses to change them.
+#[schemars(extend("x-kubernetes-validations" = [{"rule": "!has(self.volume) || !has(oldSelf.volume) || (self.volume == oldSelf.volume && has(self.size) == has(oldSelf.size) && (!has(self.size) || self.size == oldSelf.size))", "message": "a cache with a volume keeps its size and storage class: its claims are made once (remove the volume first, which empties the cache)"}]))]
 pub struct CacheSpec {
     /// Largest size of the on-disk cache of each instance, in nginx's size syntax (`512m`, `10g`).
     /// Default `1g`.
@@ -304,6 +306,26 @@ pub struct CacheSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(regex(pattern = r"^[1-9][0-9]*[kKmM]?$"))]
     pub slice_size: Option<String>,
+
+    /// A volume per pod that outlives it: a PersistentVolumeClaim of this class, sized for `size`
+    /// (a quarter more, as the default emptyDir). The pods then run in a StatefulSet, each with
+    /// its own claim and a stable name on its parents' hash ring: a rollout, a restarted or
+    /// rescheduled pod or an operator upgrade keeps what the cache holds. Without it (the
+    /// default), the cache is an emptyDir, emptied whenever its pod is replaced. The claims are
+    /// deleted with the CdnCluster and when it scales down (a claim kept aside would miss the
+    /// purges made meanwhile). `size` and the class cannot change while the volume is set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume: Option<CacheVolume>,
+}
+
+/// The volume a cache keeps across its pods' replacements.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, JsonSchema, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct CacheVolume {
+    /// The StorageClass of the pods' claims; unset: the cluster's default class.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub storage_class_name: Option<String>,
 }
 
 /// The lifetime of the responses for some paths when their source does not say.

@@ -7,9 +7,9 @@ pub mod purge;
 
 pub use at::{At, AtSpec, AtStatus, Outcome, Phase, AT_MAX_NAME_LEN};
 pub use cdncluster::{
-    CacheRule, CacheSpec, CdnCluster, CdnClusterSpec, CdnClusterStatus, HttpSpec, IngressExposure,
-    Origin, Pods, Role, ServiceExposure, ServiceOrigin, ServiceType, SignedUrls, Source, State,
-    TlsSpec, TrafficPolicy, DEFAULT_TOKEN_NAME, MAX_NAME_LEN,
+    CacheRule, CacheSpec, CacheVolume, CdnCluster, CdnClusterSpec, CdnClusterStatus, HttpSpec,
+    IngressExposure, Origin, Pods, Role, ServiceExposure, ServiceOrigin, ServiceType, SignedUrls,
+    Source, State, TlsSpec, TrafficPolicy, DEFAULT_TOKEN_NAME, MAX_NAME_LEN,
 };
 pub use condition::{Condition, Text};
 pub use purge::{CdnPurge, CdnPurgeSpec, CdnPurgeStatus, PurgeMode, PurgePhase};

@@ -13,13 +13,15 @@ use crate::kubernetes::restricted::RunAs;
 use crate::nginx_cache::wire;
 use crate::nginx_metrics as metrics;
 use k8s_openapi::api::apps::v1::{
-    Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment,
+    Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment, StatefulSet,
+    StatefulSetPersistentVolumeClaimRetentionPolicy, StatefulSetSpec, StatefulSetUpdateStrategy,
 };
 use k8s_openapi::api::core::v1::{
     ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource, EnvVar,
     EnvVarSource, HTTPGetAction, KeyToPath, Lifecycle, LifecycleHandler, ObjectFieldSelector,
-    PodSpec, PodTemplateSpec, Probe, ResourceRequirements, SecretVolumeSource, Service,
-    ServicePort, ServiceSpec, SleepAction, TopologySpreadConstraint, Volume, VolumeMount,
+    PersistentVolumeClaim, PersistentVolumeClaimSpec, PodSpec, PodTemplateSpec, Probe,
+    ResourceRequirements, SecretVolumeSource, Service, ServicePort, ServiceSpec, SleepAction,
+    TopologySpreadConstraint, Volume, VolumeMount, VolumeResourceRequirements,
 };
 use k8s_openapi::api::networking::v1::{
     HTTPIngressPath, HTTPIngressRuleValue, Ingress, IngressBackend, IngressRule,
@@ -230,6 +232,12 @@ pub fn deployment_name(cluster: &str) -> String {
     format!("{cluster}-deployment")
 }
 
+/// The StatefulSet of a cache with a volume carries the cluster's own name: its pods are
+/// `<cluster>-0`, `<cluster>-1`…, named so on their parents' hash ring.
+pub fn stateful_set_name(cluster: &str) -> String {
+    cluster.to_string()
+}
+
 pub fn config_map_name(cluster: &str) -> String {
     format!("{cluster}-nginx")
 }
@@ -278,7 +286,7 @@ pub const DEFAULT_TERMINATION_GRACE_SECONDS: i64 = 60;
 #[derive(Clone, Debug)]
 pub struct Children {
     pub config_map: ConfigMap,
-    pub deployment: Deployment,
+    pub workload: Workload,
     pub service: Service,
     /// With more than one replica only: a drain never takes the whole cluster down.
     pub pod_disruption_budget: Option<PodDisruptionBudget>,
@@ -359,7 +367,7 @@ pub fn children(
     );
     Children {
         config_map: config_map(cluster, config, &pods.purge_keys),
-        deployment: deployment(cluster, run_as, images),
+        workload: workload(cluster, run_as, images),
         service: service(cluster, &name),
         pod_disruption_budget: pod_disruption_budget(cluster),
         ingress: ingress(cluster, &name),
@@ -617,8 +625,8 @@ fn ingress(cluster: &CdnCluster, name: &str) -> Option<Ingress> {
 
 /// The default spread of a cluster's pods: at most one more on a node than on another, and in a
 /// zone than in another, as far as the scheduler can (never a reason to leave a pod pending).
-/// Counted within one revision of the Deployment, so a rollout's new pods spread too.
-fn default_spread(name: &str) -> Vec<TopologySpreadConstraint> {
+/// Counted within one revision of the workload, so a rollout's new pods spread too.
+fn default_spread(name: &str, revision_label: &str) -> Vec<TopologySpreadConstraint> {
     ["kubernetes.io/hostname", "topology.kubernetes.io/zone"]
         .into_iter()
         .map(|key| TopologySpreadConstraint {
@@ -629,7 +637,7 @@ fn default_spread(name: &str) -> Vec<TopologySpreadConstraint> {
                 match_labels: Some(pod_selector(name)),
                 ..LabelSelector::default()
             }),
-            match_label_keys: Some(vec!["pod-template-hash".into()]),
+            match_label_keys: Some(vec![revision_label.into()]),
             ..TopologySpreadConstraint::default()
         })
         .collect()
@@ -856,9 +864,149 @@ fn metrics_sidecar(cluster: &CdnCluster, image: &str) -> Container {
     }
 }
 
-fn deployment(cluster: &CdnCluster, run_as: &RunAs, images: &PodImages) -> Deployment {
+/// The pods of a CdnCluster: a Deployment, or a StatefulSet for a cache with a volume.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Workload {
+    Deployment(Deployment),
+    StatefulSet(StatefulSet),
+}
+
+impl Workload {
+    /// The replicas it asks for.
+    pub fn replicas(&self) -> i32 {
+        let replicas = match self {
+            Workload::Deployment(d) => d.spec.as_ref().and_then(|s| s.replicas),
+            Workload::StatefulSet(s) => s.spec.as_ref().and_then(|s| s.replicas),
+        };
+        replicas.unwrap_or(1)
+    }
+
+    /// The Deployment, when the pods run in one.
+    pub fn deployment(&self) -> Option<&Deployment> {
+        match self {
+            Workload::Deployment(deployment) => Some(deployment),
+            Workload::StatefulSet(_) => None,
+        }
+    }
+
+    /// The pods' template.
+    pub fn template(&self) -> &PodTemplateSpec {
+        let template = match self {
+            Workload::Deployment(d) => d.spec.as_ref().map(|s| &s.template),
+            Workload::StatefulSet(s) => s.spec.as_ref().map(|s| &s.template),
+        };
+        template.expect("the operator's workloads have a spec")
+    }
+}
+
+/// The cache volume of a cache that keeps it across its pods' replacements, if it asks for one.
+pub fn persistent_volume(cluster: &CdnCluster) -> Option<&crate::api::CacheVolume> {
+    (cluster.spec.role == Role::Cache)
+        .then(|| cluster.spec.cache.as_deref()?.volume.as_ref())
+        .flatten()
+}
+
+/// The name of the cache volume, in the pod and in the StatefulSet's claim template (each pod's
+/// claim is `cache-<pod>`).
+const CACHE_VOLUME: &str = "cache";
+
+fn workload(cluster: &CdnCluster, run_as: &RunAs, images: &PodImages) -> Workload {
     let name = cluster.name_any();
-    let deployment_name = deployment_name(&name);
+    let selector = pod_selector(&name);
+    let Some(volume) = persistent_volume(cluster) else {
+        let template = pod_template(cluster, run_as, images, "pod-template-hash");
+        return Workload::Deployment(deployment(cluster, selector, template));
+    };
+    let template = pod_template(cluster, run_as, images, "controller-revision-hash");
+    let size = cache_volume(cluster).expect("a cache has a cache volume");
+    let claim = PersistentVolumeClaim {
+        metadata: ObjectMeta {
+            name: Some(CACHE_VOLUME.into()),
+            labels: Some(labels(cluster)),
+            ..ObjectMeta::default()
+        },
+        spec: Some(PersistentVolumeClaimSpec {
+            access_modes: Some(vec!["ReadWriteOnce".into()]),
+            storage_class_name: volume.storage_class_name.clone(),
+            resources: Some(VolumeResourceRequirements {
+                requests: Some(BTreeMap::from([("storage".into(), size)])),
+                ..VolumeResourceRequirements::default()
+            }),
+            ..PersistentVolumeClaimSpec::default()
+        }),
+        ..PersistentVolumeClaim::default()
+    };
+    Workload::StatefulSet(StatefulSet {
+        metadata: metadata(cluster, stateful_set_name(&name)),
+        spec: Some(StatefulSetSpec {
+            replicas: Some(cluster.spec.replicas),
+            // The headless Service names each pod in the cluster DNS (`<pod>.<cluster>`): the
+            // SRV targets its parents hash on, stable across the pod's replacements.
+            service_name: Some(service_name(&name)),
+            selector: LabelSelector {
+                match_labels: Some(selector),
+                ..LabelSelector::default()
+            },
+            // Pods start and stop together: a scale-up is not held back by a pod that waits for
+            // its volume. A rollout still replaces them one at a time, each keeping its claim.
+            pod_management_policy: Some("Parallel".into()),
+            update_strategy: Some(StatefulSetUpdateStrategy {
+                type_: Some("RollingUpdate".into()),
+                ..StatefulSetUpdateStrategy::default()
+            }),
+            // A claim kept aside by a scale-down would come back with objects purged meanwhile.
+            persistent_volume_claim_retention_policy: Some(
+                StatefulSetPersistentVolumeClaimRetentionPolicy {
+                    when_deleted: Some("Delete".into()),
+                    when_scaled: Some("Delete".into()),
+                },
+            ),
+            template,
+            volume_claim_templates: Some(vec![claim]),
+            ..StatefulSetSpec::default()
+        }),
+        ..StatefulSet::default()
+    })
+}
+
+fn deployment(
+    cluster: &CdnCluster,
+    selector: BTreeMap<String, String>,
+    template: PodTemplateSpec,
+) -> Deployment {
+    Deployment {
+        metadata: metadata(cluster, deployment_name(&cluster.name_any())),
+        spec: Some(DeploymentSpec {
+            replicas: Some(cluster.spec.replicas),
+            selector: LabelSelector {
+                match_labels: Some(selector),
+                ..LabelSelector::default()
+            },
+            // A rollout never lowers the cluster's capacity: a new pod is ready before an old one
+            // stops.
+            strategy: Some(DeploymentStrategy {
+                type_: Some("RollingUpdate".into()),
+                rolling_update: Some(RollingUpdateDeployment {
+                    max_unavailable: Some(IntOrString::Int(0)),
+                    max_surge: Some(IntOrString::String("25%".into())),
+                }),
+            }),
+            template,
+            ..DeploymentSpec::default()
+        }),
+        ..Deployment::default()
+    }
+}
+
+/// The pods of `cluster`; `revision_label` is the label its workload gives each revision's pods,
+/// which the default spread counts within.
+fn pod_template(
+    cluster: &CdnCluster,
+    run_as: &RunAs,
+    images: &PodImages,
+    revision_label: &str,
+) -> PodTemplateSpec {
+    let name = cluster.name_any();
     let selector = pod_selector(&name);
     let pods = cluster.spec.pods.as_deref().cloned().unwrap_or_default();
     let mut pod_labels = labels(cluster);
@@ -893,20 +1041,24 @@ fn deployment(cluster: &CdnCluster, run_as: &RunAs, images: &PodImages) -> Deplo
         },
     ];
     let cache_volume = cache_volume(cluster);
+    let persistent = persistent_volume(cluster).is_some();
     if let Some(limit) = &cache_volume {
         mounts.push(VolumeMount {
-            name: "cache".into(),
+            name: CACHE_VOLUME.into(),
             mount_path: Paths::default().cache_dir,
             ..VolumeMount::default()
         });
-        volumes.push(Volume {
-            name: "cache".into(),
-            empty_dir: Some(EmptyDirVolumeSource {
-                size_limit: Some(limit.clone()),
-                ..EmptyDirVolumeSource::default()
-            }),
-            ..Volume::default()
-        });
+        // A persistent cache's volume is its claim, from the StatefulSet's template.
+        if !persistent {
+            volumes.push(Volume {
+                name: CACHE_VOLUME.into(),
+                empty_dir: Some(EmptyDirVolumeSource {
+                    size_limit: Some(limit.clone()),
+                    ..EmptyDirVolumeSource::default()
+                }),
+                ..Volume::default()
+            });
+        }
     }
 
     if let Some(tls) = cluster.spec.tls.as_deref() {
@@ -1007,7 +1159,10 @@ fn deployment(cluster: &CdnCluster, run_as: &RunAs, images: &PodImages) -> Deplo
         // status quotes its last `[emerg]`.
         termination_message_policy: Some("FallbackToLogsOnError".into()),
         liveness_probe: Some(probe(5)),
-        resources: Some(resources(cluster, cache_volume.as_ref())),
+        resources: Some(resources(
+            cluster,
+            cache_volume.as_ref().filter(|_| !persistent),
+        )),
         // Told to stop, the pod goes on serving while it leaves the endpoints, then nginx stops
         // taking connections and finishes those in flight (the entrypoint's graceful quit).
         lifecycle: Some(Lifecycle {
@@ -1024,53 +1179,32 @@ fn deployment(cluster: &CdnCluster, run_as: &RunAs, images: &PodImages) -> Deplo
         ..Container::default()
     };
 
-    Deployment {
-        metadata: metadata(cluster, deployment_name),
-        spec: Some(DeploymentSpec {
-            replicas: Some(cluster.spec.replicas),
-            selector: LabelSelector {
-                match_labels: Some(selector),
-                ..LabelSelector::default()
-            },
-            // A rollout never lowers the cluster's capacity: a new pod is ready before an old one
-            // stops.
-            strategy: Some(DeploymentStrategy {
-                type_: Some("RollingUpdate".into()),
-                rolling_update: Some(RollingUpdateDeployment {
-                    max_unavailable: Some(IntOrString::Int(0)),
-                    max_surge: Some(IntOrString::String("25%".into())),
-                }),
-            }),
-            template: PodTemplateSpec {
-                // No hash of the configuration: a new one is applied in place ([`ENTRYPOINT`]).
-                metadata: Some(ObjectMeta {
-                    labels: Some(pod_labels),
-                    ..ObjectMeta::default()
-                }),
-                spec: Some(PodSpec {
-                    automount_service_account_token: Some(false),
-                    enable_service_links: Some(false),
-                    security_context: Some(crate::kubernetes::restricted::pod(run_as)),
-                    init_containers: images
-                        .metrics()
-                        .map(|image| vec![metrics_sidecar(cluster, image)]),
-                    containers: vec![container],
-                    volumes: Some(volumes),
-                    termination_grace_period_seconds: Some(termination_grace_seconds(cluster)),
-                    node_selector: pods.node_selector,
-                    tolerations: pods.tolerations,
-                    affinity: pods.affinity,
-                    priority_class_name: pods.priority_class_name,
-                    topology_spread_constraints: Some(
-                        pods.topology_spread_constraints
-                            .unwrap_or_else(|| default_spread(&name)),
-                    )
-                    .filter(|constraints| !constraints.is_empty()),
-                    ..PodSpec::default()
-                }),
-            },
-            ..DeploymentSpec::default()
+    PodTemplateSpec {
+        // No hash of the configuration: a new one is applied in place ([`ENTRYPOINT`]).
+        metadata: Some(ObjectMeta {
+            labels: Some(pod_labels),
+            ..ObjectMeta::default()
         }),
-        ..Deployment::default()
+        spec: Some(PodSpec {
+            automount_service_account_token: Some(false),
+            enable_service_links: Some(false),
+            security_context: Some(crate::kubernetes::restricted::pod(run_as)),
+            init_containers: images
+                .metrics()
+                .map(|image| vec![metrics_sidecar(cluster, image)]),
+            containers: vec![container],
+            volumes: Some(volumes),
+            termination_grace_period_seconds: Some(termination_grace_seconds(cluster)),
+            node_selector: pods.node_selector,
+            tolerations: pods.tolerations,
+            affinity: pods.affinity,
+            priority_class_name: pods.priority_class_name,
+            topology_spread_constraints: Some(
+                pods.topology_spread_constraints
+                    .unwrap_or_else(|| default_spread(&name, revision_label)),
+            )
+            .filter(|constraints| !constraints.is_empty()),
+            ..PodSpec::default()
+        }),
     }
 }

@@ -1,14 +1,14 @@
 //! Apply: the children whose cached copy is not what the operator applies, through the one write
 //! path ([`crate::kubernetes::apply`]).
 
-use super::build::{self, Children};
+use super::build::{self, Children, Workload};
 use super::written::{ChildApplied, Written};
 use super::{Context, Error};
 use crate::kubernetes::apply;
 use crate::kubernetes::compact::Compact;
 use crate::kubernetes::record::Record;
 use crate::kubernetes::records::Records;
-use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::Service;
 use kube::api::Api;
 use kube::{Resource, ResourceExt};
@@ -17,10 +17,11 @@ use serde::Serialize;
 use std::fmt::Debug;
 
 /// Applies the children whose cached copy is not what the operator applies: the ConfigMap before
-/// the Deployment, so a rollout starts from the new configuration, and the Service alongside the
+/// the workload, so a rollout starts from the new configuration, and the Service alongside the
 /// ConfigMap (nothing waits for it), which saves a round trip per reconcile. Returns the
-/// Deployment as last known; fails with the first child the server refuses (the Deployment is
-/// not applied after a refused ConfigMap or Service).
+/// workload as last known, its counts read as a Deployment's (a StatefulSet's status has the
+/// same); fails with the first child the server refuses (the workload is not applied after a
+/// refused ConfigMap or Service).
 pub(super) async fn apply(
     ctx: &Context,
     namespace: &str,
@@ -29,7 +30,7 @@ pub(super) async fn apply(
 ) -> Result<Option<Deployment>, Error> {
     let Children {
         config_map,
-        deployment,
+        workload,
         service,
         pod_disruption_budget,
         ingress,
@@ -52,11 +53,47 @@ pub(super) async fn apply(
     let budget = budget.map(|b| b.record(written, budgets, (namespace, &budget_name)));
     let ingress = ingress.map(|i| i.record(written, ingresses, (namespace, &ingress_name)));
     config_map.and(service).and(budget).and(ingress)?;
-    let name = deployment.name_any();
-    let deployment = apply_child(ctx, namespace, &ctx.deployments, deployment).await?;
-    let (observed, applied) = written.child(&ctx.deployments, namespace, deployment);
+    let replicas = workload.replicas();
+    match workload {
+        Workload::Deployment(desired) => {
+            let replaced = build::stateful_set_name(&cluster);
+            let replaced = (&ctx.stateful_sets, replaced.as_str());
+            let applied = (&ctx.deployments, desired, replicas);
+            apply_workload::<_, StatefulSet>(ctx, namespace, applied, replaced, written).await
+        }
+        Workload::StatefulSet(desired) => {
+            let replaced = build::deployment_name(&cluster);
+            let replaced = (&ctx.deployments, replaced.as_str());
+            let applied = (&ctx.stateful_sets, desired, replicas);
+            apply_workload::<_, Deployment>(ctx, namespace, applied, replaced, written).await
+        }
+    }
+}
+
+/// Applies the workload `desired` (cached in `cache`, asking for `replicas`) and, once its pods
+/// are all ready, deletes the workload `Old` named `old` (cached in `old_cache`) that the
+/// cluster ran before its cache's volume was set or removed: the cluster never serves with
+/// fewer pods. Returns the workload as last known, read as a Deployment.
+async fn apply_workload<K: Child, Old: Child>(
+    ctx: &Context,
+    namespace: &str,
+    (cache, desired, replicas): (&Records, K, i32),
+    (old_cache, old): (&Records, &str),
+    written: &mut Written,
+) -> Result<Option<Deployment>, Error> {
+    let name = desired.name_any();
+    let applied = apply_child(ctx, namespace, cache, desired).await?;
+    let (observed, applied) = written.child(cache, namespace, applied);
     let last_known = applied.map(|a| a.record).or(observed);
-    Ok(last_known.and_then(|d| d.typed(&name).ok()))
+    let last_known: Option<Deployment> = last_known.and_then(|w| w.typed(&name).ok());
+    if let Some(before) = old_cache.get(namespace, old) {
+        if super::status::rolled_out(last_known.as_ref(), replicas) {
+            delete_child::<Old>(ctx, namespace, old, &before).await?;
+            tracing::info!(%namespace, name = %old, kind = %Old::kind(&()), "deleted: the cluster's pods run in a {} now", K::kind(&()));
+            written.deleted(old_cache, (namespace, old), &before);
+        }
+    }
+    Ok(last_known)
 }
 
 /// Applies the Service, first deleting one whose address cannot become the desired one: a

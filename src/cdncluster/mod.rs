@@ -24,7 +24,7 @@ use crate::reconcile::{self, Shared};
 use crate::runtime::leader::Leadership;
 use build::{MANAGED_BY, MANAGED_BY_LABEL};
 use futures::TryStreamExt;
-use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use k8s_openapi::api::networking::v1::Ingress;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -54,6 +54,8 @@ pub struct Context {
     pub cluster_arrivals: Arrivals,
     /// Children are cached as [`Records`]: they are only compared and read for status.
     pub deployments: Records,
+    /// The StatefulSets of caches with a volume.
+    pub stateful_sets: Records,
     pub config_maps: Records,
     pub services: Records,
     pub pod_disruption_budgets: Records,
@@ -106,6 +108,10 @@ pub fn controller(
         scope.api::<Compact<Deployment>>(client.clone()),
         children.clone(),
     );
+    let (stateful_sets, stateful_set_events) = watches.cached_records(
+        scope.api::<Compact<StatefulSet>>(client.clone()),
+        children.clone(),
+    );
     let (config_maps, config_map_events) = watches.cached_records(
         scope.api::<Compact<ConfigMap>>(client.clone()),
         children.clone(),
@@ -144,6 +150,7 @@ pub fn controller(
 
     let controller = Controller::for_stream(cluster_events.applied_objects(), clusters.clone())
         .owns_stream(deployment_events.touched_objects())
+        .owns_stream(stateful_set_events.touched_objects())
         .owns_stream(config_map_events.touched_objects())
         .owns_stream(service_events.touched_objects())
         .owns_stream(budget_events.touched_objects())
@@ -163,6 +170,7 @@ pub fn controller(
         clusters,
         cluster_arrivals,
         deployments,
+        stateful_sets,
         config_maps,
         services,
         pod_disruption_budgets,

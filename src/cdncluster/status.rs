@@ -258,7 +258,7 @@ fn ready_replicas(deployment: Option<&Deployment>) -> i32 {
 }
 
 /// Every replica of the current spec is updated and ready.
-fn rolled_out(deployment: Option<&Deployment>, replicas: i32) -> bool {
+pub fn rolled_out(deployment: Option<&Deployment>, replicas: i32) -> bool {
     let Some(d) = deployment else { return false };
     let Some(s) = d.status.as_ref() else {
         return false;

@@ -1,12 +1,12 @@
 //! Pure tests of the build step: sources, children, nginx configuration and status.
 
-use super::build::{self, CONFIG_KEY, ENTRYPOINT, ENTRYPOINT_KEY};
+use super::build::{self, Workload, CONFIG_KEY, ENTRYPOINT, ENTRYPOINT_KEY};
 use super::nginx::{self, Paths, Upstream};
 use super::sources::{self, Problem};
 use super::status::{self, Observed};
 use crate::api::{
-    CacheRule, CacheSpec, CdnCluster, CdnClusterSpec, CdnClusterStatus, HttpSpec, Origin, Role,
-    ServiceOrigin, SignedUrls, Source, State, TlsSpec,
+    CacheRule, CacheSpec, CacheVolume, CdnCluster, CdnClusterSpec, CdnClusterStatus, HttpSpec,
+    Origin, Role, ServiceOrigin, SignedUrls, Source, State, TlsSpec,
 };
 use crate::kubernetes::restricted::RunAs;
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentStatus};
@@ -394,7 +394,7 @@ fn children_have_the_seed_names_labels_and_owner() {
     let ups = sources::resolve(&all[0], world(&all), sources::DEFAULT_CLUSTER_DOMAIN).unwrap();
     let children = build::children(&all[0], &ups, &RunAs::default(), &Default::default());
 
-    let d = &children.deployment;
+    let d = &children.workload.deployment().cloned().unwrap();
     assert_eq!(d.metadata.name.as_deref(), Some("balancer-deployment"));
     let owner = &d.metadata.owner_references.as_ref().unwrap()[0];
     assert_eq!(
@@ -456,7 +456,7 @@ fn children_have_the_seed_names_labels_and_owner() {
         "ready pods only"
     );
     for meta in [
-        &children.deployment.metadata,
+        &children.workload.deployment().cloned().unwrap().metadata,
         &children.config_map.metadata,
         &children.service.metadata,
     ] {
@@ -484,7 +484,11 @@ fn the_ids_a_cluster_pins_are_set_on_the_nginx_pods() {
         group: None,
         fs_group: Some(1_000_680_000),
     };
-    let d = build::children(&c, &[], &run_as, &Default::default()).deployment;
+    let d = build::children(&c, &[], &run_as, &Default::default())
+        .workload
+        .deployment()
+        .cloned()
+        .unwrap();
     let psc = d.spec.unwrap().template.spec.unwrap().security_context;
     assert_eq!(psc, Some(crate::kubernetes::restricted::pod(&run_as)));
 }
@@ -496,7 +500,16 @@ fn pod_spec(c: &CdnCluster, pods: &build::PodSettings) -> k8s_openapi::api::core
 
 /// The pod spec of the Deployment of `children`.
 fn pod_spec_of(children: build::Children) -> k8s_openapi::api::core::v1::PodSpec {
-    children.deployment.spec.unwrap().template.spec.unwrap()
+    children
+        .workload
+        .deployment()
+        .cloned()
+        .unwrap()
+        .spec
+        .unwrap()
+        .template
+        .spec
+        .unwrap()
 }
 
 #[test]
@@ -522,7 +535,11 @@ fn nginx_runs_the_operators_default_image_unless_the_spec_names_one() {
 #[test]
 fn pods_meet_the_restricted_pod_security_standard() {
     let c = cluster("c", Role::Cache, vec![]);
-    let d = build::children(&c, &[], &RunAs::default(), &Default::default()).deployment;
+    let d = build::children(&c, &[], &RunAs::default(), &Default::default())
+        .workload
+        .deployment()
+        .cloned()
+        .unwrap();
     let pod = d.spec.unwrap().template.spec.unwrap();
     let psc = pod.security_context.unwrap();
     assert_eq!(psc.run_as_non_root, Some(true));
@@ -576,8 +593,24 @@ fn a_config_change_is_applied_in_place_without_a_rollout() {
     // The pod template is the same: no pod restarts, no cache is emptied; the entrypoint
     // reloads nginx when the mounted configuration changes.
     assert_eq!(
-        before.deployment.spec.as_ref().unwrap().template,
-        after.deployment.spec.as_ref().unwrap().template
+        before
+            .workload
+            .deployment()
+            .cloned()
+            .unwrap()
+            .spec
+            .as_ref()
+            .unwrap()
+            .template,
+        after
+            .workload
+            .deployment()
+            .cloned()
+            .unwrap()
+            .spec
+            .as_ref()
+            .unwrap()
+            .template
     );
     let data = after.config_map.data.unwrap();
     assert_eq!(data[ENTRYPOINT_KEY], ENTRYPOINT);
@@ -1003,7 +1036,10 @@ fn the_cache_is_sized_from_cache_size() {
     );
     assert!(conf.contains("proxy_cache cdn_103m;"));
     let pod = build::children(&c, &[], &RunAs::default(), &Default::default())
-        .deployment
+        .workload
+        .deployment()
+        .cloned()
+        .unwrap()
         .spec
         .unwrap()
         .template
@@ -1026,7 +1062,11 @@ fn the_cache_is_sized_from_cache_size() {
     assert_eq!(requests["ephemeral-storage"].0, "128000Mi");
     assert_eq!(requests["cpu"].0, "50m", "the defaults beside it");
     // A balancer has no cache, so no storage request.
-    let b = build::children(&seed()[0], &[], &RunAs::default(), &Default::default()).deployment;
+    let b = build::children(&seed()[0], &[], &RunAs::default(), &Default::default())
+        .workload
+        .deployment()
+        .cloned()
+        .unwrap();
     let requests = b.spec.unwrap().template.spec.unwrap().containers[0]
         .resources
         .clone()
@@ -1046,6 +1086,97 @@ fn the_cache_is_sized_from_cache_size() {
         }
         other => panic!("{other:?}"),
     }
+}
+
+#[test]
+fn a_cache_with_a_volume_runs_in_a_stateful_set_each_pod_with_its_claim() {
+    let mut c = cluster("vod", Role::Cache, vec![]);
+    c.spec.replicas = 2;
+    c.spec.cache = Some(Box::new(CacheSpec {
+        size: Some("100g".into()),
+        volume: Some(CacheVolume {
+            storage_class_name: Some("fast".into()),
+        }),
+        ..CacheSpec::default()
+    }));
+    let children = build::children(&c, &[], &RunAs::default(), &Default::default());
+    assert!(children.workload.deployment().is_none());
+    let Workload::StatefulSet(set) = &children.workload else {
+        panic!("{:?}", children.workload)
+    };
+    assert_eq!(
+        set.metadata.name.as_deref(),
+        Some("vod"),
+        "pods vod-0, vod-1"
+    );
+    let spec = set.spec.as_ref().unwrap();
+    assert_eq!(spec.replicas, Some(2));
+    // Each pod named in the cluster DNS under the cache's headless Service.
+    assert_eq!(spec.service_name.as_deref(), Some("vod"));
+    assert!(build::is_headless(&children.service));
+    assert_eq!(
+        spec.selector.match_labels,
+        children.service.spec.as_ref().unwrap().selector,
+        "the Service selects the StatefulSet's pods"
+    );
+    assert_eq!(spec.pod_management_policy.as_deref(), Some("Parallel"));
+    let retention = spec
+        .persistent_volume_claim_retention_policy
+        .as_ref()
+        .unwrap();
+    assert_eq!(
+        (
+            retention.when_deleted.as_deref(),
+            retention.when_scaled.as_deref()
+        ),
+        (Some("Delete"), Some("Delete"))
+    );
+    let [claim] = spec.volume_claim_templates.as_deref().unwrap() else {
+        panic!("one claim per pod")
+    };
+    assert_eq!(claim.metadata.name.as_deref(), Some("cache"));
+    let claim = claim.spec.as_ref().unwrap();
+    assert_eq!(claim.storage_class_name.as_deref(), Some("fast"));
+    assert_eq!(claim.access_modes, Some(vec!["ReadWriteOnce".to_string()]));
+    let storage = &claim.resources.as_ref().unwrap().requests.as_ref().unwrap()["storage"];
+    assert_eq!(
+        storage.0, "128000Mi",
+        "the size of the emptyDir it replaces"
+    );
+    // The pod mounts its claim where nginx keeps the cache; no emptyDir, no ephemeral storage.
+    let pod = children.workload.template().spec.as_ref().unwrap();
+    let volumes = pod.volumes.as_deref().unwrap();
+    assert!(volumes.iter().all(|v| v.name != "cache"), "{volumes:?}");
+    let mounts = pod.containers[0].volume_mounts.as_deref().unwrap();
+    let mount = mounts.iter().find(|m| m.name == "cache").unwrap();
+    assert_eq!(mount.mount_path, "/var/cache/nginx");
+    let requests = pod.containers[0]
+        .resources
+        .as_ref()
+        .unwrap()
+        .requests
+        .as_ref()
+        .unwrap();
+    assert!(!requests.contains_key("ephemeral-storage"), "{requests:?}");
+    // The default spread counts within a revision of the StatefulSet's pods.
+    let spread = pod.topology_spread_constraints.as_deref().unwrap();
+    assert!(spread
+        .iter()
+        .all(|t| t.match_label_keys == Some(vec!["controller-revision-hash".to_string()])));
+
+    // Without a class: the cluster's default one. A balancer has no cache, a volume or not.
+    let mut default_class = c.clone();
+    default_class.spec.cache.as_mut().unwrap().volume = Some(CacheVolume::default());
+    let children = build::children(&default_class, &[], &RunAs::default(), &Default::default());
+    let Workload::StatefulSet(set) = children.workload else {
+        panic!()
+    };
+    let claims = set.spec.unwrap().volume_claim_templates.unwrap();
+    assert_eq!(claims[0].spec.as_ref().unwrap().storage_class_name, None);
+    let mut balancer = c.clone();
+    balancer.spec.role = Role::Balancer;
+    let children = build::children(&balancer, &[], &RunAs::default(), &Default::default());
+    assert!(children.workload.deployment().is_some());
 }
 
 #[test]
@@ -1314,7 +1445,10 @@ fn every_label_value_fits_for_the_longest_name() {
     let c = cluster(&name, Role::Cache, vec![]);
     let children = build::children(&c, &[], &RunAs::default(), &Default::default());
     let labels: BTreeMap<String, String> = children
-        .deployment
+        .workload
+        .deployment()
+        .cloned()
+        .unwrap()
         .spec
         .unwrap()
         .template
@@ -1390,7 +1524,16 @@ fn tls_adds_an_https_port_the_secret_read_only_and_a_certificate_watch() {
             ("https", 443, Some(Named("https".into())))
         ]
     );
-    let pod = children.deployment.spec.unwrap().template.spec.unwrap();
+    let pod = children
+        .workload
+        .deployment()
+        .cloned()
+        .unwrap()
+        .spec
+        .unwrap()
+        .template
+        .spec
+        .unwrap();
     let container = &pod.containers[0];
     let ports: Vec<_> = container
         .ports
@@ -1957,7 +2100,16 @@ fn signed_urls_ship_the_verifier_mount_the_keys_and_watch_them() {
     let data = children.config_map.data.as_ref().unwrap();
     assert_eq!(data[nginx::TOKEN_SCRIPT], nginx::TOKEN_SCRIPT_SOURCE);
     assert_eq!(data[ENTRYPOINT_KEY], build::entrypoint(false, true));
-    let pod = children.deployment.spec.unwrap().template.spec.unwrap();
+    let pod = children
+        .workload
+        .deployment()
+        .cloned()
+        .unwrap()
+        .spec
+        .unwrap()
+        .template
+        .spec
+        .unwrap();
     let mount = pod.containers[0]
         .volume_mounts
         .as_ref()
@@ -1980,7 +2132,16 @@ fn signed_urls_ship_the_verifier_mount_the_keys_and_watch_them() {
     // Without signed URLs: no verifier, no keys.
     let plain = build::children(&all[0], &ups, &RunAs::default(), &Default::default());
     assert_eq!(plain.config_map.data.as_ref().unwrap().len(), 2);
-    let plain_pod = plain.deployment.spec.unwrap().template.spec.unwrap();
+    let plain_pod = plain
+        .workload
+        .deployment()
+        .cloned()
+        .unwrap()
+        .spec
+        .unwrap()
+        .template
+        .spec
+        .unwrap();
     assert!(plain_pod
         .volumes
         .unwrap()

@@ -4,7 +4,7 @@
 
 use super::manifests::{Index, Manifests};
 use crate::at;
-use crate::cdncluster::build::{self, Children, PodImages};
+use crate::cdncluster::build::{self, Children, PodImages, Workload};
 use crate::cdncluster::{sources, status};
 use crate::kubernetes::restricted::RunAs;
 use k8s_openapi::api::core::v1::Pod;
@@ -115,7 +115,10 @@ impl Rendered {
         for children in &self.clusters {
             documents.push(to_yaml(&children.config_map));
             documents.push(to_yaml(&children.service));
-            documents.push(to_yaml(&children.deployment));
+            documents.push(match &children.workload {
+                Workload::Deployment(deployment) => to_yaml(deployment),
+                Workload::StatefulSet(stateful_set) => to_yaml(stateful_set),
+            });
             if let Some(budget) = &children.pod_disruption_budget {
                 documents.push(to_yaml(budget));
             }

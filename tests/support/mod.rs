@@ -414,6 +414,9 @@ impl FakeApi {
             clusters: self.store().await,
             cluster_arrivals: Default::default(),
             deployments: self.records::<Deployment>().await,
+            stateful_sets: self
+                .records::<k8s_openapi::api::apps::v1::StatefulSet>()
+                .await,
             config_maps: self.records::<ConfigMap>().await,
             services: self.records::<Service>().await,
             pod_disruption_budgets: self

@@ -99,7 +99,7 @@ async fn write_as_the_operator(
     let changes: Vec<ChildChange> = [
         kids.config_map.object_ref(&()),
         kids.service.object_ref(&()),
-        kids.deployment.object_ref(&()),
+        kids.workload.deployment().cloned().unwrap().object_ref(&()),
     ]
     .into_iter()
     .map(|child| ChildChange {
@@ -119,7 +119,7 @@ async fn write_as_the_operator(
         .expect("Service");
     let deployment = apply_always(
         &Api::<Deployment>::namespaced(bare.clone(), &ns),
-        kids.deployment,
+        kids.workload.deployment().cloned().unwrap(),
     )
     .await
     .expect("Deployment");
