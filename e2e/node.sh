@@ -501,7 +501,7 @@ run_tests() {
   export CDN_E2E_CLUSTER_DNS=$HOST_IP:53
   export HELM=${HELM:-$(command -v helm || echo /root/.cache/cdn-operator-tools/bin/helm)}
   [[ -x $HELM ]] || bash "$repo/scripts/install-helm.sh" /root/.cache/cdn-operator-tools
-  (cd "$repo" && cargo test --locked -p cdn-operator-e2e --test node --test rollouts -- --test-threads="${TEST_THREADS:-2}" "$@")
+  (cd "$repo" && cargo test --locked -p cdn-operator-e2e --test node --test rollouts --test persistent_caches -- --test-threads="${TEST_THREADS:-2}" "$@")
 }
 
 case ${1:-all} in

@@ -12,7 +12,7 @@ use cdn_operator::reconcile;
 use cdn_operator::runtime::instrument::Reconciles;
 use cdn_operator::runtime::leader::Leadership;
 use cdn_operator::runtime::metrics::Metrics;
-use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -521,6 +521,99 @@ async fn the_cluster_becomes_running_when_its_replicas_are_ready() {
         "Ready"
     ));
     assert_eq!(c.events("foo").await.last().unwrap().0, "Running");
+}
+
+/// Writes the status a workload's controller would once `replicas` pods of its current spec
+/// are ready.
+async fn rolled_out<K>(c: &Cluster, name: &str, replicas: i32)
+where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    let api = c.api::<K>();
+    let generation = api.get(name).await.unwrap().meta().generation;
+    let status = json!({"status": {"replicas": replicas, "readyReplicas": replicas, "updatedReplicas": replicas, "observedGeneration": generation}});
+    api.patch_status(name, &PatchParams::default(), &Patch::Merge(status))
+        .await
+        .unwrap();
+    c.take_writes();
+}
+
+#[tokio::test]
+async fn a_cache_given_a_volume_moves_to_a_stateful_set_and_back_never_with_fewer_ready_pods() {
+    let c = Cluster::new().await;
+    c.create("vod", Role::Cache, &[]).await;
+    c.patch_spec("vod", json!({"replicas": 2})).await;
+    c.reconcile_ok("vod").await;
+    rolled_out::<Deployment>(&c, "vod-deployment", 2).await;
+    c.reconcile_ok("vod").await;
+    c.take_writes();
+
+    // The volume asked: a StatefulSet beside the Deployment, which serves until its pods are
+    // all ready.
+    c.patch_spec(
+        "vod",
+        json!({"cache": {"volume": {"storageClassName": "fast"}}}),
+    )
+    .await;
+    c.reconcile_ok("vod").await;
+    let set = c.api::<StatefulSet>().get("vod").await.unwrap();
+    let claims = set.spec.unwrap().volume_claim_templates.unwrap();
+    let claim = claims[0].spec.as_ref().unwrap();
+    assert_eq!(claim.storage_class_name.as_deref(), Some("fast"));
+    assert!(
+        c.deployment("vod").await.is_some(),
+        "serving until replaced"
+    );
+    assert_eq!(
+        c.take_writes(),
+        [
+            "patch StatefulSet vod",
+            "status CdnCluster vod",
+            "create Event"
+        ],
+        "the ConfigMap and Service unchanged"
+    );
+    let status = c.get_cluster("vod").await.status.unwrap();
+    assert_eq!(status.ready.as_deref(), Some("0/2"), "the new pods' count");
+
+    rolled_out::<StatefulSet>(&c, "vod", 2).await;
+    c.reconcile_ok("vod").await;
+    assert!(c.deployment("vod").await.is_none(), "replaced once ready");
+    let status = c.get_cluster("vod").await.status.unwrap();
+    assert_eq!(status.state, Some(State::Running));
+    assert_eq!(status.ready.as_deref(), Some("2/2"));
+    let writes = c.take_writes();
+    assert_eq!(
+        writes[..2],
+        ["delete deployments vod-deployment", "status CdnCluster vod"],
+        "{writes:?}"
+    );
+    c.reconcile_ok("vod").await;
+    assert_eq!(c.take_writes(), Vec::<String>::new(), "steady: no write");
+
+    // The volume removed: a Deployment again, the StatefulSet (and its claims) gone once the
+    // Deployment's pods are ready.
+    c.patch_spec("vod", json!({"cache": {"volume": null}}))
+        .await;
+    c.reconcile_ok("vod").await;
+    assert!(c
+        .api::<StatefulSet>()
+        .get_opt("vod")
+        .await
+        .unwrap()
+        .is_some());
+    rolled_out::<Deployment>(&c, "vod-deployment", 2).await;
+    c.reconcile_ok("vod").await;
+    assert!(c
+        .api::<StatefulSet>()
+        .get_opt("vod")
+        .await
+        .unwrap()
+        .is_none());
+    assert!(c.deployment("vod").await.is_some());
 }
 
 #[tokio::test]

@@ -208,9 +208,11 @@ impl World {
         pod_watch.reset(Reset::Done);
         let (tx, progress) = mpsc::unbounded_channel();
         let signer = Arc::new(signer);
+        let kept = cdn_operator::purge::kept_volumes(fake.store().await);
         let dispatcher = Dispatcher::new(
             signer,
             pods,
+            kept,
             Arc::new(move |key: &JobKey| {
                 let _ = tx.send(key.clone());
             }),

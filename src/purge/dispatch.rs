@@ -7,7 +7,8 @@
 //! viewers stop getting what was purged) and again once every cluster below it has applied the
 //! purge, as it may have fetched a purged object again from one of them meanwhile. A pod that
 //! does not answer is retried, backing off, for as long as it exists: a purge is complete once
-//! every pod has applied it, or is gone.
+//! every pod has applied it, or is gone. A pod of a cache with a volume is not gone with its pod:
+//! its volume comes back with the pod of the same name, which the purge waits for.
 
 use super::pods::{PodTargets, Target};
 use super::signing::Signer;
@@ -116,6 +117,7 @@ struct Inner {
     jobs: Mutex<HashMap<JobKey, Progress>>,
     queues: Mutex<HashMap<String, Vec<Item>>>,
     pods: PodTargets,
+    kept: Kept,
     notify: Notify,
 }
 
@@ -125,8 +127,18 @@ struct Item {
     purge: wire::Purge,
     cluster: String,
     pod: Target,
+    /// The pod keeps its cache on a volume that outlives it ([`Tier::kept`]).
+    kept: bool,
     done: oneshot::Sender<Ack>,
 }
+
+/// Whether the pod named so (the third) of a cluster (the second) of a namespace (the first)
+/// still has its volume: its cluster has a volume and that many replicas. A claim of a pod the
+/// cluster no longer asks for is deleted with it.
+pub type Kept = Arc<dyn Fn(&str, &str, &str) -> bool + Send + Sync>;
+
+/// How often a purge looks for the pod that a pod with a volume is replaced by.
+const REPLACED_EVERY: Duration = Duration::from_secs(1);
 
 /// What became of a purge on a pod.
 enum Ack {
@@ -136,7 +148,7 @@ enum Ack {
 }
 
 impl Dispatcher {
-    pub fn new(signer: Arc<Signer>, pods: PodTargets, notify: Notify) -> Self {
+    pub fn new(signer: Arc<Signer>, pods: PodTargets, kept: Kept, notify: Notify) -> Self {
         let http = HttpClient::builder(TokioExecutor::new()).build_http();
         Dispatcher {
             inner: Arc::new(Inner {
@@ -145,6 +157,7 @@ impl Dispatcher {
                 jobs: Mutex::default(),
                 queues: Mutex::default(),
                 pods,
+                kept,
                 notify,
             }),
         }
@@ -253,7 +266,18 @@ impl Inner {
         last: bool,
     ) -> (usize, bool, Result<(), String>) {
         let cluster = &job.tiers[tier].name;
-        let pods = self.pods.of(&job.key.namespace, cluster);
+        let kept = job.tiers[tier].kept;
+        let mut pods = self.pods.of(&job.key.namespace, cluster);
+        // A cache with a volume: each of its pods, running or being replaced (its volume is).
+        let absent: Vec<Target> = (0..kept.unwrap_or(0))
+            .map(|i| format!("{cluster}-{i}"))
+            .filter(|name| pods.iter().all(|p| p.name != *name))
+            .map(|name| Target {
+                uid: String::new(),
+                name,
+                sidecar: None,
+            })
+            .collect();
         if let Some(pod) = pods.iter().find(|p| p.sidecar.is_none()) {
             let why = format!(
                 "pod {} of CdnCluster {cluster} has no sidecar to apply purges (the operator runs without --nginx-metrics-image)",
@@ -261,6 +285,8 @@ impl Inner {
             );
             return (tier, last, Err(why));
         }
+        let running = pods.len();
+        pods.extend(absent);
         if last {
             self.update(&job.key, |p| {
                 p.pods += pods.len() as u32;
@@ -269,7 +295,7 @@ impl Inner {
         }
         let pass = if last { "last" } else { "first" };
         let mut acks = FuturesUnordered::new();
-        for pod in pods.iter() {
+        for (i, pod) in pods.iter().enumerate() {
             let (done, ack) = oneshot::channel();
             let purge = wire::Purge {
                 id: format!(
@@ -283,9 +309,14 @@ impl Inner {
                 purge,
                 cluster: cluster.clone(),
                 pod: pod.clone(),
+                kept: kept.is_some(),
                 done,
             };
-            self.enqueue(item);
+            if i < running {
+                self.enqueue(item);
+            } else {
+                self.clone().when_replaced(item, "not running".into());
+            }
             acks.push(ack);
         }
         while let Some(ack) = acks.next().await {
@@ -385,6 +416,10 @@ impl Inner {
                         queue.splice(0..0, items);
                     } else {
                         for item in items {
+                            if item.kept {
+                                self.clone().when_replaced(item, why.clone());
+                                continue;
+                            }
                             self.update(&item.job, |p| p.waiting.remove(&item.pod.name).is_some());
                             let _ = item.done.send(Ack::Gone);
                         }
@@ -394,13 +429,50 @@ impl Inner {
         }
     }
 
+    /// Queues `item`, whose pod keeps its cache on a volume but is not running (`why`: what its
+    /// last try met), for the pod of the same name once it runs: the pod that its volume comes
+    /// back with. Gone only once its cluster no longer has that pod's volume.
+    fn when_replaced(self: Arc<Self>, mut item: Item, why: String) {
+        let waiting = Waiting {
+            pod: item.pod.name.clone(),
+            cluster: item.cluster.clone(),
+            why: format!("{why}; its volume keeps the cache: waiting for the pod that replaces it"),
+        };
+        self.update(&item.job, |p| {
+            p.waiting.insert(item.pod.name.clone(), waiting).is_none()
+        });
+        tokio::spawn(async move {
+            let namespace = item.job.namespace.clone();
+            loop {
+                let pods = self.pods.of(&namespace, &item.cluster);
+                let replaced = pods
+                    .into_iter()
+                    .find(|p| p.name == item.pod.name && p.uid != item.pod.uid);
+                if let Some(pod) = replaced {
+                    item.pod = pod;
+                    self.enqueue(item);
+                    return;
+                }
+                if !(self.kept)(&namespace, &item.cluster, &item.pod.name) {
+                    self.update(&item.job, |p| p.waiting.remove(&item.pod.name).is_some());
+                    let _ = item.done.send(Ack::Gone);
+                    return;
+                }
+                tokio::time::sleep(REPLACED_EVERY).await;
+            }
+        });
+    }
+
     /// Sends `items` to their pod as one signed batch; what it applied, or why not.
     async fn send(&self, items: &[Item]) -> Result<Applied, String> {
         let first = &items[0];
-        let address = first
-            .pod
-            .sidecar
-            .expect("pods without a sidecar fail their pass");
+        let Some(address) = first.pod.sidecar else {
+            // A pod of a cache with a volume, replaced by one without a sidecar.
+            return Err(format!(
+                "pod {} has no sidecar to apply purges",
+                first.pod.name
+            ));
+        };
         let issued = Timestamp::now().as_second();
         let batch = Batch {
             id: batch_id(),
@@ -544,6 +616,7 @@ mod tests {
                 name: "cache-0".into(),
                 sidecar: None,
             },
+            kept: false,
             done: oneshot::channel().0,
         }
     }
@@ -571,6 +644,7 @@ mod tests {
         let dispatcher = Dispatcher::new(
             Arc::new(Signer::generate().0),
             PodTargets::default(),
+            Arc::new(|_, _, _| false),
             Arc::new(|_| {}),
         );
         let pod = Target {
@@ -594,6 +668,7 @@ mod tests {
                 },
                 cluster: "cache".into(),
                 pod: pod.clone(),
+                kept: false,
                 done,
             });
             acks.push(ack);
@@ -613,5 +688,87 @@ mod tests {
             batches.len()
         );
         assert!(dispatcher.inner.queues.lock().unwrap().is_empty());
+    }
+
+    /// A cache with a volume: a purge waits for the pod being replaced (its volume comes back
+    /// with it), and is applied to the pod of the same name once it runs; a pod whose volume the
+    /// cluster no longer has (scaled down) is gone.
+    #[tokio::test]
+    async fn a_purge_waits_for_the_replaced_pod_of_a_cache_with_a_volume() {
+        use crate::kubernetes::index::Index;
+        let (address, batches, _) = sidecar().await;
+        let targets = PodTargets::default();
+        let mut pods = targets.writer();
+        let running = |name: &str| {
+            let ip = address.ip().to_string();
+            super::super::pods::test_pod(name, "cache", "Running", Some(&ip), address.port())
+        };
+        pods.apply(&running("cache-0"));
+        let kept = Arc::new(std::sync::atomic::AtomicU32::new(2));
+        let dispatcher = Dispatcher::new(
+            Arc::new(Signer::generate().0),
+            targets,
+            {
+                let kept = kept.clone();
+                Arc::new(move |_, _, pod: &str| {
+                    let ordinal: u32 = pod.trim_start_matches("cache-").parse().unwrap();
+                    ordinal < kept.load(Ordering::SeqCst)
+                })
+            },
+            Arc::new(|_| {}),
+        );
+        let job = |name: &str| Job {
+            key: JobKey {
+                namespace: "ns".into(),
+                name: name.into(),
+                uid: format!("uid-{name}"),
+            },
+            purge: wire::Purge {
+                paths: vec!["/a".into()],
+                ..wire::Purge::default()
+            },
+            tiers: vec![Tier {
+                name: "cache".into(),
+                below: Default::default(),
+                kept: Some(2),
+            }],
+        };
+        let progress = |name: &str| {
+            dispatcher
+                .progress(&JobKey {
+                    namespace: "ns".into(),
+                    name: name.into(),
+                    uid: format!("uid-{name}"),
+                })
+                .unwrap()
+        };
+        dispatcher.start(job("a"));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let p = progress("a");
+        assert_eq!((p.pods, p.pods_done, p.finished), (2, 1, None), "{p:?}");
+        let why = &p.waiting["cache-1"].why;
+        assert!(
+            why.contains("waiting for the pod that replaces it"),
+            "{why}"
+        );
+
+        // The replacing pod runs: the purge reaches it.
+        pods.apply(&running("cache-1"));
+        tokio::time::sleep(REPLACED_EVERY + Duration::from_millis(500)).await;
+        let p = progress("a");
+        assert_eq!((p.pods, p.pods_done), (2, 2), "{p:?}");
+        assert!(p.finished.is_some() && p.waiting.is_empty(), "{p:?}");
+        assert_eq!(batches.lock().unwrap().len(), 2);
+
+        // Scaled down while its pod was away: its claim is deleted with it, nothing to wait for.
+        pods.delete(&running("cache-1"));
+        dispatcher.start(job("b"));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(progress("b").finished.is_none());
+        kept.store(1, Ordering::SeqCst);
+        tokio::time::sleep(REPLACED_EVERY + Duration::from_millis(500)).await;
+        let p = progress("b");
+        assert_eq!((p.pods, p.pods_done), (1, 1), "{p:?}");
+        assert!(p.finished.is_some(), "{p:?}");
     }
 }

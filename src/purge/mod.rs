@@ -175,7 +175,8 @@ pub fn controller(
     let notify: dispatch::Notify = Arc::new(move |key: &JobKey| {
         let _ = progress_tx.send(ObjectRef::<PurgeSummary>::new(&key.name).within(&key.namespace));
     });
-    let dispatcher = signer.map(|signer| Dispatcher::new(signer, pods, notify));
+    let kept = kept_volumes(clusters.clone());
+    let dispatcher = signer.map(|signer| Dispatcher::new(signer, pods, kept, notify));
     let starter = dispatcher.clone().ok().map(|dispatcher| Starter {
         dispatcher,
         clusters: clusters.clone(),
@@ -274,6 +275,23 @@ pub fn wire_purge(spec: &CdnPurgeSpec) -> wire::Purge {
         surrogate_keys: spec.surrogate_keys.clone().unwrap_or_default(),
         all: spec.all.unwrap_or(false),
     }
+}
+
+/// Whether a pod's volume is still its cluster's, as the CdnClusters' cache holds them
+/// ([`dispatch::Kept`]): the cluster has a volume and a replica of the pod's ordinal.
+pub fn kept_volumes(clusters: Store<CdnCluster>) -> dispatch::Kept {
+    Arc::new(move |namespace: &str, cluster: &str, pod: &str| {
+        let Some(cluster) = clusters.get(&ObjectRef::new(cluster).within(namespace)) else {
+            return false;
+        };
+        let name = cluster.metadata.name.as_deref().unwrap_or_default();
+        let ordinal = pod
+            .strip_prefix(name)
+            .and_then(|rest| rest.strip_prefix('-'))
+            .and_then(|n| n.parse::<i32>().ok());
+        crate::cdncluster::build::persistent_volume(&cluster).is_some()
+            && ordinal.is_some_and(|n| n < cluster.spec.replicas)
+    })
 }
 
 /// Reconciles one CdnPurge: validate → targets → apply (the job) → status → Events.

@@ -129,24 +129,35 @@ impl Index<PodSummary> for PodTargetsWriter {
     }
 }
 
+/// A pod of `cluster` in namespace `ns` as the watch tells it, its sidecar on `sidecar_port`.
+#[cfg(test)]
+pub(super) fn test_pod(
+    name: &str,
+    cluster: &str,
+    phase: &str,
+    ip: Option<&str>,
+    sidecar_port: u16,
+) -> PodSummary {
+    let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "namespace": "ns", "uid": format!("{name}-uid"),
+                     "labels": {"app.kubernetes.io/instance": cluster, "deployment": "x"}},
+        "spec": {
+            "initContainers": [{"name": "metrics", "ports": [
+                {"name": nginx_metrics::PORT_NAME, "containerPort": sidecar_port}]}],
+            "containers": [{"name": "nginx", "ports": [{"name": "http", "containerPort": 8080}]}],
+        },
+        "status": {"phase": phase, "podIP": ip},
+    }))
+    .unwrap();
+    PodSummary::of(&pod)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::core::v1::Pod;
 
     fn pod(name: &str, cluster: &str, phase: &str, ip: Option<&str>) -> PodSummary {
-        let pod: Pod = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": name, "namespace": "ns", "uid": format!("{name}-uid"),
-                         "labels": {"app.kubernetes.io/instance": cluster, "deployment": "x"}},
-            "spec": {
-                "initContainers": [{"name": "metrics", "ports": [
-                    {"name": nginx_metrics::PORT_NAME, "containerPort": 9113}]}],
-                "containers": [{"name": "nginx", "ports": [{"name": "http", "containerPort": 8080}]}],
-            },
-            "status": {"phase": phase, "podIP": ip},
-        }))
-        .unwrap();
-        PodSummary::of(&pod)
+        test_pod(name, cluster, phase, ip, 9113)
     }
 
     #[test]

@@ -14,6 +14,9 @@ pub struct Tier {
     /// they must be purged completely before this one's last pass, or it could fetch a purged
     /// object again from one of them.
     pub below: BTreeSet<usize>,
+    /// For a cache with a volume, its replicas: its pods, `<name>-0` to `<name>-<replicas - 1>`,
+    /// keep their cache when they are replaced, so a purge waits for each of them.
+    pub kept: Option<i32>,
 }
 
 /// Why a purge has nothing to reach.
@@ -69,9 +72,12 @@ impl<F: Fn(&str) -> Option<Arc<CdnCluster>>> Walk<'_, F> {
         if cluster.spec.role != Role::Cache {
             return below;
         }
+        let kept =
+            crate::cdncluster::build::persistent_volume(cluster).map(|_| cluster.spec.replicas);
         self.tiers.push(Tier {
             name,
             below: below.clone(),
+            kept,
         });
         below.insert(self.tiers.len() - 1);
         below

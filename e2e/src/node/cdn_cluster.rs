@@ -1,10 +1,11 @@
 //! The CdnClusters of the node tests: applying one as a user would, its pods' selector, and the
-//! wait until it runs (its status, its Deployment and its pods). Depends on `wait`.
+//! wait until it runs (its status, its Deployment or StatefulSet and its pods). Depends on `wait`.
 
 use super::wait::ready_pods;
 use crate::{eventually, USER_MANAGER};
 use cdn_operator::api::{CdnCluster, State};
-use k8s_openapi::api::apps::v1::Deployment;
+use cdn_operator::cdncluster::build;
+use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::core::ApiResource;
@@ -37,7 +38,7 @@ pub fn cluster_pods(name: &str) -> String {
 
 /// Waits until CdnCluster `name` of `ns` is `Running` for its current generation with its
 /// `Ready` condition `True`, its Deployment available with every replica updated, and its
-/// `replicas` pods Ready: those pods.
+/// `replicas` pods Ready: those pods. A cache with a volume: its StatefulSet rolled out instead.
 pub async fn cluster_running(client: &Client, ns: &str, name: &str, within: Duration) -> Vec<Pod> {
     let clusters: Api<CdnCluster> = Api::namespaced(client.clone(), ns);
     let replicas = eventually(
@@ -51,11 +52,35 @@ pub async fn cluster_running(client: &Client, ns: &str, name: &str, within: Dura
                 .conditions
                 .iter()
                 .any(|c| c.type_ == "Ready" && c.status == "True");
-            (current && ready && status.state == Some(State::Running))
-                .then_some(cluster.spec.replicas)
+            (current && ready && status.state == Some(State::Running)).then(|| {
+                (
+                    cluster.spec.replicas,
+                    build::persistent_volume(&cluster).is_some(),
+                )
+            })
         },
     )
     .await;
+    let (replicas, stateful) = replicas;
+    if stateful {
+        let sets: Api<StatefulSet> = Api::namespaced(client.clone(), ns);
+        eventually(
+            &format!("StatefulSet {ns}/{name} rolled out"),
+            within,
+            || async {
+                let s = sets.get_opt(name).await.ok()??;
+                let status = s.status?;
+                let all = status.updated_replicas == Some(replicas)
+                    && status.ready_replicas == Some(replicas)
+                    && status.replicas == replicas
+                    && status.current_revision == status.update_revision;
+                let current = status.observed_generation == s.metadata.generation;
+                (current && all).then_some(())
+            },
+        )
+        .await;
+        return ready_pods(client, ns, &cluster_pods(name), replicas as usize, within).await;
+    }
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
     let deployment = format!("{name}-deployment");
     eventually(
