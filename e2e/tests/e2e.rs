@@ -854,6 +854,94 @@ async fn a_cluster_scales_through_its_scale_subresource_with_a_disruption_budget
     assert!(!logs.contains("; retried in"), "{logs}");
 }
 
+/// A cache given `cache.volume`: the server takes its StatefulSet (a claim per pod, the pods named
+/// under the headless Service) and refuses a change of its claims with the CRD's message; the
+/// volume removed, a Deployment serves again and the StatefulSet goes once its pods are ready.
+#[tokio::test]
+async fn a_cache_with_a_volume_runs_in_a_stateful_set_its_claims_made_once() {
+    use k8s_openapi::api::apps::v1::StatefulSet;
+    let Some(mut env) = Env::new("cache-volume").await else {
+        return;
+    };
+    env.start_operator().await;
+    let spec = json!({"role": "cache", "replicas": 2, "sources": [],
+                      "cache": {"size": "2g", "volume": {"storageClassName": "fast"}}});
+    env.create_cluster("vod", spec).await.expect("vod");
+    let set: StatefulSet = eventually("StatefulSet vod", WAIT, || get(&env, "vod")).await;
+    let spec = set.spec.unwrap();
+    assert_eq!(spec.service_name.as_deref(), Some("vod"));
+    assert_eq!(spec.replicas, Some(2));
+    let claim = spec.volume_claim_templates.unwrap()[0]
+        .spec
+        .clone()
+        .unwrap();
+    assert_eq!(claim.storage_class_name.as_deref(), Some("fast"));
+    let storage = &claim.resources.unwrap().requests.unwrap()["storage"];
+    assert_eq!(storage.0, "2560Mi");
+    assert!(get::<Deployment>(&env, "vod-deployment").await.is_none());
+    wait_state(&env, "vod", DEPLOYED).await;
+
+    // Its claims are made once: the server says so, and nothing changes.
+    let clusters = env.api::<CdnCluster>();
+    let bigger = json!({"spec": {"cache": {"size": "4g"}}});
+    match clusters
+        .patch("vod", &PatchParams::default(), &Patch::Merge(&bigger))
+        .await
+    {
+        Err(kube::Error::Api(status)) => {
+            assert_eq!(status.code, 422, "{status:?}");
+            assert!(
+                status
+                    .message
+                    .contains("a cache with a volume keeps its size and storage class"),
+                "{}",
+                status.message
+            );
+        }
+        other => panic!("a new size was taken: {other:?}"),
+    }
+
+    // The volume removed: a Deployment, which serves before the StatefulSet goes.
+    let plain = json!({"spec": {"cache": {"volume": null}}});
+    clusters
+        .patch("vod", &PatchParams::default(), &Patch::Merge(&plain))
+        .await
+        .expect("the volume removed");
+    let deployment: Deployment = eventually("Deployment vod-deployment", WAIT, || {
+        get(&env, "vod-deployment")
+    })
+    .await;
+    assert!(
+        get::<StatefulSet>(&env, "vod").await.is_some(),
+        "until replaced"
+    );
+    // Its pods ready, as the Deployment controller says once a kubelet runs them (this server's
+    // controller, with no kubelet, writes its status back: said again until the operator acts).
+    let generation = deployment.metadata.generation;
+    let status = json!({"status": {"replicas": 2, "readyReplicas": 2, "updatedReplicas": 2,
+                                   "observedGeneration": generation}});
+    let deployments = env.api::<Deployment>();
+    eventually("StatefulSet vod deleted", WAIT, || async {
+        deployments
+            .patch_status(
+                "vod-deployment",
+                &PatchParams::default(),
+                &Patch::Merge(&status),
+            )
+            .await
+            .expect("the Deployment's status");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        get::<StatefulSet>(&env, "vod")
+            .await
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    assert!(get::<Deployment>(&env, "vod-deployment").await.is_some());
+    let logs = env.logs();
+    assert!(!logs.contains("; retried in"), "{logs}");
+}
+
 /// A balancer exposed as a NodePort with `externalTrafficPolicy: Local` and a load balancer's
 /// annotations: the Service says so (the server allocates the node port); back to the default,
 /// it is a ClusterIP Service again, and annotations another manager added stay.

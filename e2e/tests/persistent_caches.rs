@@ -2,15 +2,18 @@
 //! holding 1,000 objects of 60 KiB behind a 2-replica balancer goes through a lifetime change
 //! (reloaded in place), a pod deleted, a rolling update and a scale from 2 to 3 pods, first with
 //! the default emptyDir, then with `cache.volume` (a StatefulSet, a claim per pod on the node's
-//! volumes). After each event has settled, every object is asked once through the balancer's
-//! Service, and the test prints how many the origin served again. Skips with one line, as the
+//! volumes). A client like wrk (2 keep-alive connections, no retry) asks the objects through the
+//! balancer's Service all along; after each event has settled, every object is asked once more.
+//! The test prints, per event, the requests that failed, the objects the origin served while the
+//! event went on (those asked while a pod was away, fetched by the pods that took its share), and
+//! those it served again after (what a replaced pod did not keep). Skips with one line, as the
 //! node tests do. Run by `e2e/node.sh`, or: `cargo test -p cdn-operator-e2e --test
 //! persistent_caches` against the cluster of `e2e/node.sh up`.
 
 use cdn_operator::cdncluster::nginx::SERVICE_PORT_NAME;
 use cdn_operator_e2e::node::{
-    apply_cluster, apply_origin, cluster_running, operator_ready_and_leading,
-    origin_requests_matching, ready_pods, service_address, until, NodeTest, Scope,
+    apply_cluster, apply_origin, cluster_running, connection, operator_ready_and_leading,
+    origin_requests_matching, ready_pods, service_address, until, Counters, NodeTest, Scope,
     ORIGIN_BIG_BYTES, ORIGIN_PODS,
 };
 use cdn_operator_e2e::say;
@@ -23,6 +26,8 @@ use kube::{Resource, ResourceExt};
 use serde_json::json;
 use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 const WAIT: Duration = Duration::from_secs(300);
@@ -31,6 +36,8 @@ const OBJECTS: usize = 1000;
 /// caches up again (every 5 s) before the objects are asked.
 const SETTLE: Duration = Duration::from_secs(10);
 const HOST: &str = "cdn.node-e2e.test";
+/// The load's connections: enough to ask every object within an event, not to saturate the node.
+const CONNECTIONS: usize = 2;
 /// Volumes of the node's disk, one per claim the run makes (2, the pod deleted keeps its own,
 /// the third of the scale), and spares.
 const VOLUMES: usize = 4;
@@ -201,7 +208,23 @@ async fn caches_with_a_volume_keep_their_objects_through_restarts_rollouts_and_s
             v.what
         ));
 
-        // Each event, then every object asked once: what the origin served again.
+        // The load, all along the events.
+        let counters = Arc::new(Counters::default());
+        let stop = Arc::new(AtomicBool::new(false));
+        let paths = Arc::new(objects.clone());
+        let load: Vec<_> = (0..CONNECTIONS)
+            .map(|seed| {
+                connection(
+                    edge,
+                    HOST,
+                    paths.clone(),
+                    counters.clone(),
+                    stop.clone(),
+                    seed,
+                )
+            })
+            .collect();
+        // Each event, then every object asked once: what the origin served meanwhile and after.
         let event = |what: &'static str| {
             let before = fetched();
             async move { (what, before.await) }
@@ -249,16 +272,33 @@ async fn caches_with_a_volume_keep_their_objects_through_restarts_rollouts_and_s
             };
             cluster_running(&client, &ns, v.cache, WAIT).await;
             tokio::time::sleep(SETTLE).await;
+            let during = fetched().await - before;
             let failed = sweep(edge, objects.clone()).await;
-            let again = fetched().await - before;
+            let after = fetched().await - before - during;
+            let requests = counters.requests.load(Ordering::Relaxed);
+            let load_failed = counters.failed_status.load(Ordering::Relaxed)
+                + counters.cut.load(Ordering::Relaxed)
+                + counters.refused.load(Ordering::Relaxed);
             say(&format!(
-                "persistent caches: {}: {what}: {again} of {OBJECTS} objects fetched again ({} answers not whole)",
+                "persistent caches: {}: {what}: {during} objects fetched while it went on, {after} of {OBJECTS} fetched again after ({requests} requests of the load so far, {load_failed} failed; {} answers of the sweep not whole)",
                 v.what,
                 failed.len()
             ));
             assert!(failed.is_empty(), "{}: {what}: {failed:?}", v.what);
-            figures.push((v.what, what.to_string(), again));
+            figures.push((v.what, what.to_string(), after));
         }
+        stop.store(true, Ordering::Relaxed);
+        for c in load {
+            tokio::task::spawn_blocking(move || c.join().unwrap())
+                .await
+                .unwrap();
+        }
+        let samples = counters.samples.lock().unwrap().clone();
+        assert!(
+            samples.is_empty(),
+            "{}: the load's failures: {samples:#?}",
+            v.what
+        );
         // The next variant runs alone.
         for name in [v.edge, v.cache] {
             let clusters: Api<cdn_operator::api::CdnCluster> = Api::namespaced(client.clone(), &ns);

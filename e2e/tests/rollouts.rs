@@ -12,9 +12,9 @@ use cdn_operator::cdncluster::nginx::{CACHE_STATUS_HEADER, SERVICE_PORT_NAME};
 // The sidecar's DNS client: the cluster DNS asked as nginx asks it.
 use cdn_operator::nginx_metrics::ring;
 use cdn_operator_e2e::node::{
-    apply_cluster, apply_origin, cluster_pods, cluster_running, operator_ready_and_leading,
-    origin_requests_matching, ready_pods, service_address, until, NodeTest, Scope, OPERATOR_PODS,
-    ORIGIN_BIG_BYTES, ORIGIN_PODS,
+    apply_cluster, apply_origin, cluster_pods, cluster_running, connection,
+    operator_ready_and_leading, origin_requests_matching, ready_pods, service_address, until,
+    Counters, NodeTest, Scope, Snapshot, OPERATOR_PODS, ORIGIN_PODS,
 };
 use cdn_operator_e2e::say;
 use cdn_operator_testkit::KeepAlive;
@@ -25,8 +25,8 @@ use kube::api::{Api, DeleteParams, EvictParams, ListParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// How long CdnClusters get to be Running, every pod Ready (images present: seconds; generous
@@ -44,95 +44,6 @@ const CLUSTER_DNS_ENV: &str = "CDN_E2E_CLUSTER_DNS";
 
 fn object(i: usize) -> String {
     format!("/big/{i:04}.ts")
-}
-
-/// What the client saw, summed over its connections.
-#[derive(Default)]
-struct Counters {
-    requests: AtomicUsize,
-    /// An answer other than 200 with the whole object.
-    failed_status: AtomicUsize,
-    /// A request sent and not answered: the connection closed or reset under it.
-    cut: AtomicUsize,
-    /// A new connection refused (no request sent, but wrk counts it as an error too).
-    refused: AtomicUsize,
-    /// The first failures, to show what they were.
-    samples: Mutex<Vec<String>>,
-}
-
-impl Counters {
-    fn failed(&self, counter: &AtomicUsize, what: String) {
-        counter.fetch_add(1, Ordering::Relaxed);
-        let mut samples = self.samples.lock().unwrap();
-        if samples.len() < 20 {
-            samples.push(what);
-        }
-    }
-}
-
-/// The counters and the origin's count at one moment.
-#[derive(Clone, Copy, Debug, Default)]
-struct Snapshot {
-    requests: usize,
-    failed_status: usize,
-    cut: usize,
-    refused: usize,
-    origin: usize,
-}
-
-impl Snapshot {
-    fn since(&self, before: &Snapshot) -> Snapshot {
-        Snapshot {
-            requests: self.requests - before.requests,
-            failed_status: self.failed_status - before.failed_status,
-            cut: self.cut - before.cut,
-            refused: self.refused - before.refused,
-            origin: self.origin - before.origin,
-        }
-    }
-
-    fn failed(&self) -> usize {
-        self.failed_status + self.cut + self.refused
-    }
-}
-
-/// One connection of the client: GETs the objects in a scattered order until `stop`.
-fn connection(
-    edge: SocketAddr,
-    counters: Arc<Counters>,
-    stop: Arc<AtomicBool>,
-    seed: usize,
-) -> std::thread::JoinHandle<()> {
-    std::thread::spawn(move || {
-        let mut c = KeepAlive::without_retry(edge, HOST);
-        let mut i = seed;
-        while !stop.load(Ordering::Relaxed) {
-            i = (i + 7 + seed * 2) % OBJECTS;
-            let path = object(i);
-            let kept = c.connected();
-            match c.get(&path, &[]) {
-                Ok(r) if r.status == 200 && r.body.len() == ORIGIN_BIG_BYTES => {}
-                Ok(r) => counters.failed(
-                    &counters.failed_status,
-                    format!(
-                        "GET {path}: {} ({:?}, {} bytes)",
-                        r.status,
-                        r.header(CACHE_STATUS_HEADER),
-                        r.body.len()
-                    ),
-                ),
-                Err(e) if !kept && e.kind() == std::io::ErrorKind::ConnectionRefused => {
-                    counters.failed(&counters.refused, format!("GET {path}: {e}"));
-                    std::thread::sleep(Duration::from_millis(20));
-                }
-                Err(e) => counters.failed(
-                    &counters.cut,
-                    format!("GET {path}: {e} (on a kept connection: {kept})"),
-                ),
-            }
-            counters.requests.fetch_add(1, Ordering::Relaxed);
-        }
-    })
 }
 
 async fn snapshot(counters: &Counters, client: &Client, ns: &str, origin: &str) -> Snapshot {
@@ -401,9 +312,19 @@ async fn rollouts_drains_and_restarts_under_load_fail_no_request() {
     .await;
 
     let counters = Arc::new(Counters::default());
+    let paths = Arc::new((0..OBJECTS).map(object).collect::<Vec<_>>());
     let stop = Arc::new(AtomicBool::new(false));
     let connections: Vec<_> = (0..CONNECTIONS)
-        .map(|seed| connection(edge, counters.clone(), stop.clone(), seed))
+        .map(|seed| {
+            connection(
+                edge,
+                HOST,
+                paths.clone(),
+                counters.clone(),
+                stop.clone(),
+                seed,
+            )
+        })
         .collect();
     let mut rows: Vec<(String, Snapshot, Duration)> = Vec::new();
     let mut leavings: Vec<(String, Leaving)> = Vec::new();
