@@ -54,6 +54,11 @@ pub(super) async fn apply(
     let ingress = ingress.map(|i| i.record(written, ingresses, (namespace, &ingress_name)));
     config_map.and(service).and(budget).and(ingress)?;
     let replicas = workload.replicas();
+    // The StatefulSets' cache, listed: needed for a StatefulSet, and for a Deployment only if a
+    // StatefulSet of the operator's may exist (its watch was started: a pod of one was seen).
+    if matches!(workload, Workload::StatefulSet(_)) || ctx.stateful_set_watch.is_wanted() {
+        ctx.stateful_set_watch.listed().await;
+    }
     match workload {
         Workload::Deployment(desired) => {
             let replaced = build::stateful_set_name(&cluster);

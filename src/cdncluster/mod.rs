@@ -12,11 +12,11 @@ mod written;
 use crate::api::{CdnCluster, CdnClusterStatus};
 use crate::kubernetes::apply;
 use crate::kubernetes::arrivals::Arrivals;
-use crate::kubernetes::cache::{self, Scope, Watches};
+use crate::kubernetes::cache::{self, OnDemand, Scope, Watches};
 use crate::kubernetes::compact::Compact;
 use crate::kubernetes::errors;
 use crate::kubernetes::events::Events;
-use crate::kubernetes::index::Index;
+use crate::kubernetes::index::{Index, Reset};
 use crate::kubernetes::problems::{PodProblems, PodSummary};
 use crate::kubernetes::records::Records;
 use crate::kubernetes::restricted::RunAs;
@@ -54,8 +54,10 @@ pub struct Context {
     pub cluster_arrivals: Arrivals,
     /// Children are cached as [`Records`]: they are only compared and read for status.
     pub deployments: Records,
-    /// The StatefulSets of caches with a volume.
+    /// The StatefulSets of caches with a volume, watched once a cluster has one
+    /// (`stateful_set_watch`).
     pub stateful_sets: Records,
+    pub stateful_set_watch: OnDemand,
     pub config_maps: Records,
     pub services: Records,
     pub pod_disruption_budgets: Records,
@@ -108,10 +110,13 @@ pub fn controller(
         scope.api::<Compact<Deployment>>(client.clone()),
         children.clone(),
     );
-    let (stateful_sets, stateful_set_events) = watches.cached_records(
-        scope.api::<Compact<StatefulSet>>(client.clone()),
-        children.clone(),
-    );
+    // Watched once a CdnCluster has a volume, or a pod of a StatefulSet is seen (one left by a
+    // volume removed while the operator was away): every other operator pays nothing for it.
+    let (stateful_sets, stateful_set_watch, stateful_set_events) = watches
+        .cached_records_on_demand(
+            scope.api::<Compact<StatefulSet>>(client.clone()),
+            children.clone(),
+        );
     let (config_maps, config_map_events) = watches.cached_records(
         scope.api::<Compact<ConfigMap>>(client.clone()),
         children.clone(),
@@ -131,7 +136,10 @@ pub fn controller(
         .indexed(
             scope.api::<PodSummary>(client.clone()),
             watcher::Config::default().labels(&build::pod_watch_selector()),
-            (pods.writer(), pod_readers),
+            (
+                (pods.writer(), StatefulSetPods(stateful_set_watch.clone())),
+                pod_readers,
+            ),
         )
         .try_filter(|event| futures::future::ready(tells(event)));
 
@@ -171,6 +179,7 @@ pub fn controller(
         cluster_arrivals,
         deployments,
         stateful_sets,
+        stateful_set_watch,
         config_maps,
         services,
         pod_disruption_budgets,
@@ -181,6 +190,27 @@ pub fn controller(
         pod_settings: settings.pods,
     });
     (context, controller)
+}
+
+/// Starts the StatefulSets' watch when a pod of a StatefulSet is seen: one of a cache with a
+/// volume, or one the operator must delete (its cluster's volume removed while it was away).
+struct StatefulSetPods(OnDemand);
+
+impl Index<PodSummary> for StatefulSetPods {
+    fn apply(&mut self, pod: &PodSummary) -> bool {
+        if pod.stateful {
+            self.0.want();
+        }
+        false
+    }
+
+    fn delete(&mut self, _: &PodSummary) {}
+
+    fn reset(&mut self, step: Reset<'_, PodSummary>) {
+        if let Reset::Listed(pod) = step {
+            self.apply(pod);
+        }
+    }
 }
 
 /// Whether a pod's event (one the cache said changed its problem, or a deletion) may change what

@@ -130,7 +130,8 @@ impl Watches {
     {
         let (reader, writer) = reflector::store();
         let events = watcher(api, config).default_backoff().modify(strip);
-        let stream = self.caching(events, arrivals, (index(&reader), writer));
+        let first_list = self.ready.expect();
+        let stream = self.caching(events, arrivals, (index(&reader), writer), first_list);
         (reader, stream)
     }
 
@@ -149,8 +150,36 @@ impl Watches {
     {
         let records = Records::default();
         let events = watcher(api, config).default_backoff();
-        let stream = self.caching(events, records.arrivals(), records.writer());
+        let first_list = self.ready.expect();
+        let stream = self.caching(events, records.arrivals(), records.writer(), first_list);
         (records, stream)
+    }
+
+    /// [`Watches::cached_records`], the watch started only once [`OnDemand::want`] is called: a
+    /// kind that few CdnClusters need costs nothing (a connection and its buffers) until one
+    /// does. Its first list is awaited by [`OnDemand::listed`], not by [`Watches::ready`].
+    pub fn cached_records_on_demand<K>(
+        &self,
+        api: Api<Compact<K>>,
+        config: watcher::Config,
+    ) -> (
+        Records,
+        OnDemand,
+        impl Stream<Item = Result<watcher::Event<Compact<K>>, watcher::Error>> + Send + 'static,
+    )
+    where
+        K: Resource<DynamicType = ()> + Send + 'static,
+    {
+        let records = Records::default();
+        let on_demand = OnDemand {
+            wanted: Arc::new(watch::Sender::new(false)),
+            listed: CachesReady::default(),
+        };
+        let first_list = on_demand.listed.expect();
+        let events =
+            on_demand.started(move || watcher(api.clone(), config.clone()).default_backoff());
+        let stream = self.caching(events, records.arrivals(), records.writer(), first_list);
+        (records, on_demand, stream)
     }
 
     /// A watch of `api` feeding `index`, and the stream of the events that may call for a
@@ -167,7 +196,8 @@ impl Watches {
         I: Index<K>,
     {
         let events = watcher(api, config).default_backoff();
-        self.caching(events, &Arrivals::default(), index)
+        let first_list = self.ready.expect();
+        self.caching(events, &Arrivals::default(), index, first_list)
     }
 
     /// Feeds `events` to `index`, and passes on those that may call for a reconcile.
@@ -176,13 +206,14 @@ impl Watches {
         events: impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
         arrivals: &Arrivals,
         mut index: I,
+        first_list: FirstList,
     ) -> impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static
     where
         K: Resource + Send + 'static,
         I: Index<K>,
     {
         let (relists, arrivals) = (self.relists.clone(), arrivals.clone());
-        let mut first_list = Some(self.ready.expect());
+        let mut first_list = Some(first_list);
         events
             // An update that changed nothing the index keeps (a Deployment's status conditions, a
             // field of another manager) would reconcile the owner for nothing: it is not passed
@@ -298,6 +329,53 @@ impl CachesReady {
     }
 }
 
+/// A watch made by [`Watches::cached_records_on_demand`]: started by the first [`OnDemand::want`].
+/// Cheap to clone: every clone is the same. The default (caches filled by hand, in tests) is
+/// wanted and listed.
+#[derive(Clone)]
+pub struct OnDemand {
+    wanted: Arc<watch::Sender<bool>>,
+    listed: CachesReady,
+}
+
+impl Default for OnDemand {
+    fn default() -> Self {
+        OnDemand {
+            wanted: Arc::new(watch::Sender::new(true)),
+            listed: CachesReady::default(),
+        }
+    }
+}
+
+impl OnDemand {
+    /// Starts the watch, if it is not started.
+    pub fn want(&self) {
+        self.wanted
+            .send_if_modified(|wanted| !std::mem::replace(wanted, true));
+    }
+
+    /// Whether the watch was started.
+    pub fn is_wanted(&self) -> bool {
+        *self.wanted.borrow()
+    }
+
+    /// Starts the watch if needed and waits until its cache has listed once.
+    pub async fn listed(&self) {
+        self.want();
+        self.listed.wait().await;
+    }
+
+    /// The events of the watch that `start` makes once wanted; nothing before.
+    fn started<S: Stream>(&self, mut start: impl FnMut() -> S) -> impl Stream<Item = S::Item> {
+        let mut wanted = self.wanted.subscribe();
+        futures::stream::once(async move {
+            // Never an error: the OnDemand holds the sender.
+            let _ = wanted.wait_for(|wanted| *wanted).await;
+        })
+        .flat_map(move |()| start())
+    }
+}
+
 /// The first list of one watch, awaited by [`CachesReady`].
 struct FirstList {
     ready: CachesReady,
@@ -406,7 +484,8 @@ mod tests {
         let (watch, events) = mpsc::unbounded();
         let arrivals = Arrivals::default();
         let (store, writer) = reflector::store();
-        let stream = Watches::default().caching(events, &arrivals, writer);
+        let watches = Watches::default();
+        let stream = watches.caching(events, &arrivals, writer, watches.ready.expect());
         tokio::spawn(stream.for_each(|_| async {}));
         let send = |event| watch.unbounded_send(Ok(event)).unwrap();
         send(watcher::Event::Init);
@@ -456,8 +535,8 @@ mod tests {
         let watches = Watches::default();
         let (watch_a, events_a) = mpsc::unbounded();
         let (watch_b, events_b) = mpsc::unbounded();
-        let a = watches.caching(events_a, &Arrivals::default(), ());
-        let b = watches.caching(events_b, &Arrivals::default(), ());
+        let a = watches.caching(events_a, &Arrivals::default(), (), watches.ready.expect());
+        let b = watches.caching(events_b, &Arrivals::default(), (), watches.ready.expect());
         tokio::spawn(a.for_each(|_| async {}));
         tokio::spawn(b.for_each(|_| async {}));
         let ready = watches.ready.clone();
@@ -551,7 +630,9 @@ mod tests {
         let spec = serde_json::json!({"f:spec": {"f:replicas": {}}});
         let (watch, events) = mpsc::unbounded();
         let records = Records::default();
-        let passed = Watches::default().caching(events, records.arrivals(), records.writer());
+        let watches = Watches::default();
+        let first_list = watches.ready.expect();
+        let passed = watches.caching(events, records.arrivals(), records.writer(), first_list);
         let send = |event| watch.unbounded_send(Ok(event)).unwrap();
         send(watcher::Event::Init);
         send(watcher::Event::InitDone);
@@ -605,7 +686,7 @@ mod tests {
         let (watch, events) = mpsc::unbounded();
         let watches = Watches::default();
         let (store, writer) = reflector::store();
-        let stream = watches.caching(events, &Arrivals::default(), writer);
+        let stream = watches.caching(events, &Arrivals::default(), writer, watches.ready.expect());
         let seen: Seen = Arc::default();
         let controller = Controller::for_stream(stream.applied_objects(), store.clone())
             .reconcile_all_on(watches.relists.listed_again());
@@ -652,5 +733,53 @@ mod tests {
             "each reconcile after the re-list read the new cache"
         );
         task.abort();
+    }
+
+    /// An on-demand watch makes no request until wanted; then its first list opens `listed`.
+    #[tokio::test]
+    async fn an_on_demand_watch_starts_when_wanted_and_is_listed_after_its_first_list() {
+        let watches = Watches::default();
+        let records = Records::default();
+        let on_demand = OnDemand {
+            wanted: Arc::new(watch::Sender::new(false)),
+            listed: CachesReady::default(),
+        };
+        let first_list = on_demand.listed.expect();
+        let started = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let events = on_demand.started({
+            let started = started.clone();
+            move || {
+                started.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                futures::stream::iter([
+                    Ok(watcher::Event::Init),
+                    Ok(watcher::Event::InitApply(Compact::of(&config_map("a")))),
+                    Ok(watcher::Event::InitDone),
+                ])
+            }
+        });
+        let mut stream =
+            Box::pin(watches.caching(events, records.arrivals(), records.writer(), first_list));
+        assert!(stream.next().now_or_never().is_none(), "waits");
+        assert_eq!(started.load(std::sync::atomic::Ordering::SeqCst), 0);
+        assert!(!on_demand.is_wanted());
+        assert!(
+            watches.ready.is_ready(),
+            "the controller's caches do not wait for it"
+        );
+        assert!(!on_demand.listed.is_ready());
+
+        on_demand.want();
+        let listed = tokio::spawn({
+            let on_demand = on_demand.clone();
+            async move { on_demand.listed().await }
+        });
+        while let Some(event) = stream.next().await {
+            if matches!(event, Ok(watcher::Event::InitDone)) {
+                break;
+            }
+        }
+        listed.await.unwrap();
+        assert_eq!(started.load(std::sync::atomic::Ordering::SeqCst), 1);
+        assert!(records.get("ns", "a").is_some());
     }
 }

@@ -236,6 +236,8 @@ pub struct PodSummary {
     pub problem: Option<Problem>,
     /// Being deleted: on its way out, what it says no longer counts ([`PodSummary::counted`]).
     pub leaving: bool,
+    /// Controlled by a StatefulSet.
+    pub stateful: bool,
     /// Its address while it runs (phase `Running`, an IP).
     pub running_at: Option<std::net::IpAddr>,
     /// Its containers' named ports (the init containers' included: sidecars are).
@@ -278,6 +280,15 @@ impl<'de> Deserialize<'de> for PodSummary {
             labels: Option<BTreeMap<String, String>>,
             #[serde(default)]
             deletion_timestamp: Option<IgnoredAny>,
+            #[serde(default)]
+            owner_references: Vec<Owner>,
+        }
+        #[derive(Deserialize)]
+        struct Owner {
+            #[serde(default)]
+            kind: String,
+            #[serde(default)]
+            controller: Option<bool>,
         }
         #[derive(Default, Deserialize)]
         #[serde(rename_all = "camelCase")]
@@ -334,6 +345,8 @@ impl<'de> Deserialize<'de> for PodSummary {
             },
             problem,
             leaving: metadata.deletion_timestamp.is_some(),
+            stateful: (metadata.owner_references.iter())
+                .any(|o| o.controller == Some(true) && o.kind == "StatefulSet"),
             running_at,
             ports,
         })

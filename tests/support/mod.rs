@@ -417,6 +417,7 @@ impl FakeApi {
             stateful_sets: self
                 .records::<k8s_openapi::api::apps::v1::StatefulSet>()
                 .await,
+            stateful_set_watch: Default::default(),
             config_maps: self.records::<ConfigMap>().await,
             services: self.records::<Service>().await,
             pod_disruption_budgets: self

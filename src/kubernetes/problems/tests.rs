@@ -181,6 +181,16 @@ fn a_summary_keeps_the_problem_and_the_instance_only() {
     assert_eq!(summary.metadata.labels.as_ref().unwrap().len(), 1);
     assert_eq!(summary.metadata.managed_fields, None);
     assert_eq!(summary.metadata.owner_references, None);
+    // Only whether a StatefulSet controls it is kept of its owners.
+    assert!(!summary.stateful, "{:?}", served.metadata.owner_references);
+    let mut owned = served.clone();
+    owned.metadata.owner_references = Some(vec![serde_json::from_value(serde_json::json!({
+        "apiVersion": "apps/v1", "kind": "StatefulSet", "name": "vod", "uid": "u",
+        "controller": true,
+    }))
+    .unwrap()]);
+    let stateful = PodSummary::of(&owned);
+    assert!(stateful.stateful && stateful.metadata.owner_references.is_none());
     let mut leaving = served.clone();
     leaving.metadata.deletion_timestamp = served.metadata.creation_timestamp.clone();
     let leaving = PodSummary::of(&leaving);
