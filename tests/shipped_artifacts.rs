@@ -777,13 +777,9 @@ fn the_pod_monitor_scrapes_the_metrics_port_of_every_nginx_pod() {
         let cluster = CdnCluster::new("edge", CdnClusterSpec::new(role, vec![]));
         let pod = build::children(&cluster, &[], &Default::default(), &sidecar)
             .workload
-            .deployment()
-            .cloned()
-            .unwrap()
+            .template()
             .spec
-            .unwrap()
-            .template
-            .spec
+            .clone()
             .unwrap();
         let ports: Vec<_> = pod.init_containers.unwrap()[0]
             .ports

@@ -13,8 +13,8 @@
 
 use cdn_operator::cdncluster::nginx::SERVICE_PORT_NAME;
 use cdn_operator_e2e::node::{
-    apply_cluster, apply_origin, cluster_running, connection, operator_ready_and_leading,
-    origin_requests_matching, ready_pods, service_address, until, Counters, NodeTest, Scope,
+    apply_cluster, apply_origin, cluster_running, operator_ready_and_leading,
+    origin_requests_matching, ready_pods, service_address, until, Load, NodeTest, Scope,
     ORIGIN_BIG_BYTES, ORIGIN_PODS,
 };
 use cdn_operator_e2e::say;
@@ -27,8 +27,7 @@ use kube::{Resource, ResourceExt};
 use serde_json::json;
 use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 const WAIT: Duration = Duration::from_secs(300);
@@ -213,21 +212,8 @@ async fn caches_with_a_volume_keep_their_objects_through_restarts_rollouts_and_s
         ));
 
         // The load, all along the events.
-        let counters = Arc::new(Counters::default());
-        let stop = Arc::new(AtomicBool::new(false));
-        let paths = Arc::new(objects[..POPULAR].to_vec());
-        let load: Vec<_> = (0..CONNECTIONS)
-            .map(|seed| {
-                connection(
-                    edge,
-                    HOST,
-                    paths.clone(),
-                    counters.clone(),
-                    stop.clone(),
-                    seed,
-                )
-            })
-            .collect();
+        let load = Load::start(edge, HOST, objects[..POPULAR].to_vec(), CONNECTIONS);
+        let counters = load.counters.clone();
         // Each event, then every object asked once: what the origin served meanwhile and after.
         let event = |what: &'static str| {
             let before = fetched();
@@ -291,12 +277,7 @@ async fn caches_with_a_volume_keep_their_objects_through_restarts_rollouts_and_s
             assert!(failed.is_empty(), "{}: {what}: {failed:?}", v.what);
             figures.push((v.what, what.to_string(), after));
         }
-        stop.store(true, Ordering::Relaxed);
-        for c in load {
-            tokio::task::spawn_blocking(move || c.join().unwrap())
-                .await
-                .unwrap();
-        }
+        load.stop().await;
         let samples = counters.samples.lock().unwrap().clone();
         assert!(
             samples.is_empty(),

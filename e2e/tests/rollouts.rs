@@ -12,9 +12,9 @@ use cdn_operator::cdncluster::nginx::{CACHE_STATUS_HEADER, SERVICE_PORT_NAME};
 // The sidecar's DNS client: the cluster DNS asked as nginx asks it.
 use cdn_operator::nginx_metrics::ring;
 use cdn_operator_e2e::node::{
-    apply_cluster, apply_origin, cluster_pods, cluster_running, connection,
-    operator_ready_and_leading, origin_requests_matching, ready_pods, service_address, until,
-    Counters, NodeTest, Scope, Snapshot, OPERATOR_PODS, ORIGIN_PODS,
+    apply_cluster, apply_origin, cluster_pods, cluster_running, operator_ready_and_leading,
+    origin_requests_matching, ready_pods, service_address, until, Counters, Load, NodeTest, Scope,
+    Snapshot, OPERATOR_PODS, ORIGIN_PODS,
 };
 use cdn_operator_e2e::say;
 use cdn_operator_testkit::KeepAlive;
@@ -25,8 +25,7 @@ use kube::api::{Api, DeleteParams, EvictParams, ListParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 /// How long CdnClusters get to be Running, every pod Ready (images present: seconds; generous
@@ -311,21 +310,8 @@ async fn rollouts_drains_and_restarts_under_load_fail_no_request() {
     })
     .await;
 
-    let counters = Arc::new(Counters::default());
-    let paths = Arc::new((0..OBJECTS).map(object).collect::<Vec<_>>());
-    let stop = Arc::new(AtomicBool::new(false));
-    let connections: Vec<_> = (0..CONNECTIONS)
-        .map(|seed| {
-            connection(
-                edge,
-                HOST,
-                paths.clone(),
-                counters.clone(),
-                stop.clone(),
-                seed,
-            )
-        })
-        .collect();
+    let load = Load::start(edge, HOST, (0..OBJECTS).map(object).collect(), CONNECTIONS);
+    let counters = load.counters.clone();
     let mut rows: Vec<(String, Snapshot, Duration)> = Vec::new();
     let mut leavings: Vec<(String, Leaving)> = Vec::new();
     macro_rules! event {
@@ -399,12 +385,7 @@ async fn rollouts_drains_and_restarts_under_load_fail_no_request() {
         operator_ready_and_leading(&client, &ns).await;
     });
 
-    stop.store(true, Ordering::Relaxed);
-    for c in connections {
-        tokio::task::spawn_blocking(move || c.join().unwrap())
-            .await
-            .unwrap();
-    }
+    load.stop().await;
     for (what, leaving) in &leavings {
         say(&format!(
             "rollouts: {what} deleted: not ready in its EndpointSlice after {}, out of kube-proxy's rules after {}, out of the cluster DNS after {}",

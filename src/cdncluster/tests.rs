@@ -500,16 +500,7 @@ fn pod_spec(c: &CdnCluster, pods: &build::PodSettings) -> k8s_openapi::api::core
 
 /// The pod spec of the Deployment of `children`.
 fn pod_spec_of(children: build::Children) -> k8s_openapi::api::core::v1::PodSpec {
-    children
-        .workload
-        .deployment()
-        .cloned()
-        .unwrap()
-        .spec
-        .unwrap()
-        .template
-        .spec
-        .unwrap()
+    children.workload.template().spec.clone().unwrap()
 }
 
 #[test]
@@ -1037,13 +1028,9 @@ fn the_cache_is_sized_from_cache_size() {
     assert!(conf.contains("proxy_cache cdn_103m;"));
     let pod = build::children(&c, &[], &RunAs::default(), &Default::default())
         .workload
-        .deployment()
-        .cloned()
-        .unwrap()
+        .template()
         .spec
-        .unwrap()
-        .template
-        .spec
+        .clone()
         .unwrap();
     let volume = pod
         .volumes
@@ -1524,16 +1511,7 @@ fn tls_adds_an_https_port_the_secret_read_only_and_a_certificate_watch() {
             ("https", 443, Some(Named("https".into())))
         ]
     );
-    let pod = children
-        .workload
-        .deployment()
-        .cloned()
-        .unwrap()
-        .spec
-        .unwrap()
-        .template
-        .spec
-        .unwrap();
+    let pod = children.workload.template().spec.clone().unwrap();
     let container = &pod.containers[0];
     let ports: Vec<_> = container
         .ports
@@ -2100,16 +2078,7 @@ fn signed_urls_ship_the_verifier_mount_the_keys_and_watch_them() {
     let data = children.config_map.data.as_ref().unwrap();
     assert_eq!(data[nginx::TOKEN_SCRIPT], nginx::TOKEN_SCRIPT_SOURCE);
     assert_eq!(data[ENTRYPOINT_KEY], build::entrypoint(false, true));
-    let pod = children
-        .workload
-        .deployment()
-        .cloned()
-        .unwrap()
-        .spec
-        .unwrap()
-        .template
-        .spec
-        .unwrap();
+    let pod = children.workload.template().spec.clone().unwrap();
     let mount = pod.containers[0]
         .volume_mounts
         .as_ref()
@@ -2132,16 +2101,7 @@ fn signed_urls_ship_the_verifier_mount_the_keys_and_watch_them() {
     // Without signed URLs: no verifier, no keys.
     let plain = build::children(&all[0], &ups, &RunAs::default(), &Default::default());
     assert_eq!(plain.config_map.data.as_ref().unwrap().len(), 2);
-    let plain_pod = plain
-        .workload
-        .deployment()
-        .cloned()
-        .unwrap()
-        .spec
-        .unwrap()
-        .template
-        .spec
-        .unwrap();
+    let plain_pod = plain.workload.template().spec.clone().unwrap();
     assert!(plain_pod
         .volumes
         .unwrap()

@@ -60,8 +60,58 @@ impl Snapshot {
     }
 }
 
+/// The client: its connections asking until stopped, and what they saw.
+pub struct Load {
+    pub counters: Arc<Counters>,
+    stop: Arc<AtomicBool>,
+    connections: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Load {
+    /// `connections` [`connection`]s to `edge` (as `host`), asking `paths` without pause.
+    pub fn start(
+        edge: SocketAddr,
+        host: &'static str,
+        paths: Vec<String>,
+        connections: usize,
+    ) -> Load {
+        let (counters, stop) = (
+            Arc::new(Counters::default()),
+            Arc::new(AtomicBool::new(false)),
+        );
+        let paths = Arc::new(paths);
+        let connections = (0..connections)
+            .map(|seed| {
+                connection(
+                    edge,
+                    host,
+                    paths.clone(),
+                    counters.clone(),
+                    stop.clone(),
+                    seed,
+                )
+            })
+            .collect();
+        Load {
+            counters,
+            stop,
+            connections,
+        }
+    }
+
+    /// Stops the connections once their requests in flight are answered.
+    pub async fn stop(self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for c in self.connections {
+            tokio::task::spawn_blocking(move || c.join().unwrap())
+                .await
+                .unwrap();
+        }
+    }
+}
+
 /// One connection of the client: GETs the objects in a scattered order until `stop`.
-pub fn connection(
+fn connection(
     edge: SocketAddr,
     host: &'static str,
     paths: Arc<Vec<String>>,

@@ -24,7 +24,7 @@ mod world;
 
 pub use cdn_cluster::{apply_cluster, cluster_pods, cluster_running};
 pub use image::{ImageRef, NGINX_IMAGE_ENV, OPERATOR_IMAGE_ENV, PAUSE_IMAGE_ENV, ROOT_IMAGE_ENV};
-pub use load::{connection, Counters, Snapshot};
+pub use load::{Counters, Load, Snapshot};
 pub use operator::{
     bind_cluster_role, check_metrics, lease_holder, operator_ready_and_leading, service_account,
     token, INSTALL_WAIT, LEASE, OPERATOR_PODS, OPERATOR_REPLICAS,
