@@ -2,7 +2,8 @@
 # The e2e suite on a cluster with a node, built on this machine: a local v1.36 control plane, a
 # kubelet with containerd and a CNI bridge, kube-proxy and a cluster DNS, the operator's image and
 # an nginx 1.30 image (and the same run as root) imported into containerd; then the node tests
-# (e2e/tests/node.rs), then everything taken down and the machine put back as it was.
+# (e2e/tests/node.rs, rollouts.rs, persistent_caches.rs), then everything taken down and the
+# machine put back as it was. persistent_caches.rs makes hostPath volumes under $NODE_DIR/volumes.
 #
 #   KUBE_BIN=DIR e2e/node.sh          set up, run the node tests, tear down (the proof of issue 39)
 #   KUBE_BIN=DIR e2e/node.sh up       set up only; prints the KUBECONFIG to use
@@ -491,14 +492,14 @@ down() {
     [[ -d $c ]] && find "$c" -depth -type d -exec rmdir {} + 2>/dev/null || true
   done
   restore_machine_state
-  rm -rf "$NODE_DIR/cni/ipam" "$NODE_DIR/kubelet/root"
+  rm -rf "$NODE_DIR/cni/ipam" "$NODE_DIR/kubelet/root" "$NODE_DIR/volumes"
   say "down"
 }
 
 run_tests() {
   export CDN_E2E_OPERATOR_IMAGE=$OPERATOR_IMAGE CDN_E2E_NGINX_IMAGE=$NGINX_IMAGE
   export CDN_E2E_PAUSE_IMAGE=$PAUSE_IMAGE CDN_E2E_ROOT_IMAGE=$ROOT_IMAGE
-  export CDN_E2E_CLUSTER_DNS=$HOST_IP:53
+  export CDN_E2E_CLUSTER_DNS=$HOST_IP:53 CDN_E2E_VOLUME_DIR=$NODE_DIR/volumes
   export HELM=${HELM:-$(command -v helm || echo /root/.cache/cdn-operator-tools/bin/helm)}
   [[ -x $HELM ]] || bash "$repo/scripts/install-helm.sh" /root/.cache/cdn-operator-tools
   (cd "$repo" && cargo test --locked -p cdn-operator-e2e --test node --test rollouts --test persistent_caches -- --test-threads="${TEST_THREADS:-2}" "$@")

@@ -44,7 +44,8 @@ const POPULAR: usize = OBJECTS / 2;
 /// Volumes of the node's disk, one per claim the run makes (2, the pod deleted keeps its own,
 /// the third of the scale), and spares.
 const VOLUMES: usize = 4;
-/// Where the volumes are, on the node (this machine).
+/// Where the volumes are, on the node (this machine): `e2e/node.sh` sets it under its folder.
+const VOLUME_DIR_ENV: &str = "CDN_E2E_VOLUME_DIR";
 const VOLUME_DIR: &str = "/var/tmp/cdn-operator-node/volumes";
 
 fn cache(variant: &Variant, replicas: i32, valid: &str, cpu: &str) -> serde_json::Value {
@@ -126,7 +127,8 @@ async fn volumes(t: &mut NodeTest, class: &str) {
     let volumes: Api<PersistentVolume> = Api::all(client);
     for i in 0..VOLUMES {
         let name = format!("{class}-{i}");
-        let path = format!("{VOLUME_DIR}/{name}");
+        let dir = std::env::var(VOLUME_DIR_ENV).unwrap_or_else(|_| VOLUME_DIR.into());
+        let path = format!("{dir}/{name}");
         let _ = std::fs::remove_dir_all(&path);
         std::fs::create_dir_all(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o1777)).unwrap();
