@@ -503,15 +503,7 @@ async fn the_cluster_becomes_running_when_its_replicas_are_ready() {
     let c = Cluster::new().await;
     c.create("foo", Role::Cache, &[]).await;
     c.reconcile_ok("foo").await;
-    let generation = c.deployment("foo").await.unwrap().metadata.generation;
-    c.api::<Deployment>()
-        .patch_status(
-            "foo-deployment",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"status": {"replicas": 1, "readyReplicas": 1, "updatedReplicas": 1, "observedGeneration": generation}})),
-        )
-        .await
-        .unwrap();
+    rolled_out::<Deployment>(&c, "foo-deployment", 1).await;
     c.reconcile_ok("foo").await;
     let status = c.get_cluster("foo").await.status.unwrap();
     assert_eq!(status.state, Some(State::Running));

@@ -583,26 +583,7 @@ fn a_config_change_is_applied_in_place_without_a_rollout() {
     assert_ne!(config(&before), config(&after));
     // The pod template is the same: no pod restarts, no cache is emptied; the entrypoint
     // reloads nginx when the mounted configuration changes.
-    assert_eq!(
-        before
-            .workload
-            .deployment()
-            .cloned()
-            .unwrap()
-            .spec
-            .as_ref()
-            .unwrap()
-            .template,
-        after
-            .workload
-            .deployment()
-            .cloned()
-            .unwrap()
-            .spec
-            .as_ref()
-            .unwrap()
-            .template
-    );
+    assert_eq!(before.workload.template(), after.workload.template());
     let data = after.config_map.data.unwrap();
     assert_eq!(data[ENTRYPOINT_KEY], ENTRYPOINT);
     let pod = pod_spec_of(before);
