@@ -15,6 +15,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 /// Named liveness and readiness checks.
 #[derive(Clone, Default)]
@@ -127,24 +128,34 @@ fn answer((ok, text): (bool, String)) -> Response {
 
 /// `/metrics` of the operator's [`Metrics`].
 pub fn metrics(metrics: Arc<Metrics>) -> Router {
-    exposition(move || {
+    exposition(move |_| {
         let metrics = metrics.clone();
         async move { metrics.encode() }
     })
 }
 
+/// The header in which Prometheus tells each scrape's timeout, in seconds.
+pub const SCRAPE_TIMEOUT_HEADER: &str = "x-prometheus-scrape-timeout-seconds";
+
 /// `/metrics` serving the OpenMetrics text `encode` makes at each scrape: as it is when the
-/// scraper asks for it (Prometheus does), else in the classic Prometheus text format.
+/// scraper asks for it (Prometheus does), else in the classic Prometheus text format. `encode`
+/// gets the scrape's timeout when the scraper tells it ([`SCRAPE_TIMEOUT_HEADER`]), to answer
+/// within it.
 pub fn exposition<F, Made>(encode: F) -> Router
 where
-    F: Fn() -> Made + Clone + Send + Sync + 'static,
+    F: Fn(Option<Duration>) -> Made + Clone + Send + Sync + 'static,
     Made: Future<Output = String> + Send + 'static,
 {
     Router::new().route(
         "/metrics",
         get(move |headers: axum::http::HeaderMap| async move {
             let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
-            let (content_type, body) = exposition::negotiate(encode().await, accept);
+            let timeout = headers
+                .get(SCRAPE_TIMEOUT_HEADER)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.trim().parse::<f64>().ok())
+                .and_then(|s| Duration::try_from_secs_f64(s).ok());
+            let (content_type, body) = exposition::negotiate(encode(timeout).await, accept);
             ([(header::CONTENT_TYPE, content_type)], body).into_response()
         }),
     )
@@ -265,6 +276,28 @@ mod tests {
             .contains("not a listen address"));
         assert!(parse_address(":http").is_err());
         assert!(parse_address("").is_err());
+    }
+
+    /// Prometheus tells each scrape's timeout in a header: the exposition hands it to `encode`.
+    #[tokio::test]
+    async fn the_scrape_timeout_prometheus_sends_reaches_the_encoder() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let router = exposition(|timeout: Option<Duration>| async move { format!("{timeout:?}") });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        tokio::spawn(serve(listener, router, std::future::pending()));
+        for (header, seen) in [
+            ("X-Prometheus-Scrape-Timeout-Seconds: 1.5\r\n", "Some(1.5s)"),
+            ("", "None"),
+        ] {
+            let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
+            let request = format!("GET /metrics HTTP/1.0\r\n{header}\r\n");
+            stream.write_all(request.as_bytes()).await.unwrap();
+            let mut response = String::new();
+            stream.read_to_string(&mut response).await.unwrap();
+            let body = response.split_once("\r\n\r\n").map(|(_, b)| b.trim());
+            assert_eq!(body, Some(seen), "{header:?}: {response}");
+        }
     }
 
     #[tokio::test]

@@ -33,7 +33,7 @@ pub const PORT: u16 = 9113;
 pub const PORT_NAME: &str = "metrics";
 /// The path of nginx's `stub_status` page on its status socket.
 pub const STATUS_PATH: &str = "/stub_status";
-/// How long a scrape waits for nginx's status page.
+/// How long a scrape waits for nginx's status page at most.
 const STATUS_TIMEOUT: Duration = Duration::from_secs(2);
 /// What is read of the log at once: nginx writes it 64 KiB at a time per worker.
 const READ_SIZE: usize = 256 << 10;
@@ -185,23 +185,26 @@ async fn serve(
         }
         _ => axum::Router::new(),
     };
-    let router = http::probes(health)
-        .merge(purges)
-        .merge(http::exposition(move || {
-            let (series, status, cache_dir) = (series.clone(), status.clone(), cache_dir.clone());
-            async move {
-                series.observe_status(read_status(&status).await.as_ref());
-                if let Some(dir) = &cache_dir {
-                    if let Ok(fs) = rustix::fs::statvfs(dir) {
-                        series.observe_filesystem(
-                            fs.f_blocks.saturating_mul(fs.f_frsize),
-                            fs.f_bavail.saturating_mul(fs.f_frsize),
-                        );
+    let router =
+        http::probes(health)
+            .merge(purges)
+            .merge(http::exposition(move |scrape_timeout| {
+                let (series, status, cache_dir) =
+                    (series.clone(), status.clone(), cache_dir.clone());
+                async move {
+                    let wait = status_wait(scrape_timeout);
+                    series.observe_status(read_status(&status, wait).await.as_ref());
+                    if let Some(dir) = &cache_dir {
+                        if let Ok(fs) = rustix::fs::statvfs(dir) {
+                            series.observe_filesystem(
+                                fs.f_blocks.saturating_mul(fs.f_frsize),
+                                fs.f_bavail.saturating_mul(fs.f_frsize),
+                            );
+                        }
                     }
+                    series.encode()
                 }
-                series.encode()
-            }
-        }));
+            }));
     match http::serve(listener, router, stop.cancelled_owned()).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => crate::fail(&format!("serving /metrics: {error}")),
@@ -219,7 +222,7 @@ async fn follow_sources(
     let mut watch = ring::Watch::default();
     let mut said: Option<bool> = None;
     loop {
-        let up = read_status(&status).await.is_some();
+        let up = read_status(&status, STATUS_TIMEOUT).await.is_some();
         watch.nginx(up, Instant::now());
         let verdict = if up && watch.is_ready() {
             Ok(())
@@ -398,8 +401,15 @@ impl<'a> Reader<'a> {
     }
 }
 
-/// nginx's status page, from its unix socket; `None` when nginx does not answer it in time.
-async fn read_status(socket: &Path) -> Option<StubStatus> {
+/// How long a scrape waits for nginx's status: [`STATUS_TIMEOUT`], or half the scrape's own
+/// timeout when that is shorter, so a hung nginx is reported (`cdn_nginx_up 0`) rather than the
+/// whole scrape failing (no series, and no alert).
+fn status_wait(scrape_timeout: Option<Duration>) -> Duration {
+    scrape_timeout.map_or(STATUS_TIMEOUT, |t| STATUS_TIMEOUT.min(t / 2))
+}
+
+/// nginx's status page, from its unix socket; `None` when nginx does not answer it within `wait`.
+async fn read_status(socket: &Path, wait: Duration) -> Option<StubStatus> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let exchange = async {
         let mut stream = tokio::net::UnixStream::connect(socket).await.ok()?;
@@ -412,10 +422,7 @@ async fn read_status(socket: &Path) -> Option<StubStatus> {
         (head.split(' ').nth(1) == Some("200")).then_some(())?;
         StubStatus::parse(body)
     };
-    tokio::time::timeout(STATUS_TIMEOUT, exchange)
-        .await
-        .ok()
-        .flatten()
+    tokio::time::timeout(wait, exchange).await.ok().flatten()
 }
 
 #[cfg(test)]
@@ -430,6 +437,35 @@ mod tests {
             .filter(|l| l.starts_with("cdn_requests_total{"))
             .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
             .sum()
+    }
+
+    /// A hung nginx (its status socket accepts and never answers) is reported within half the
+    /// scrape's timeout, so the scrape itself succeeds and says nginx is down.
+    #[tokio::test]
+    async fn a_hung_nginx_is_given_up_on_within_the_scrape_s_timeout() {
+        assert_eq!(status_wait(None), STATUS_TIMEOUT);
+        assert_eq!(status_wait(Some(Duration::from_secs(10))), STATUS_TIMEOUT);
+        assert_eq!(
+            status_wait(Some(Duration::from_millis(1500))),
+            Duration::from_millis(750)
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("status.sock");
+        let listener = tokio::net::UnixListener::bind(&socket).unwrap();
+        let held = tokio::spawn(async move {
+            let (stream, _) = listener.accept().await.unwrap();
+            std::future::pending::<()>().await;
+            drop(stream);
+        });
+        let started = Instant::now();
+        let wait = status_wait(Some(Duration::from_millis(400)));
+        assert!(read_status(&socket, wait).await.is_none());
+        let took = started.elapsed();
+        assert!(
+            took >= wait && took < Duration::from_millis(400),
+            "{took:?}"
+        );
+        held.abort();
     }
 
     #[test]

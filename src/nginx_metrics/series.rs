@@ -296,7 +296,8 @@ struct Source {
     sent: [Option<Counter>; CACHE_STATUSES],
     received: [Option<Counter>; CACHE_STATUSES],
     seconds: Histogram,
-    errors: [Option<Counter>; UpstreamError::ALL.len()],
+    /// Created at the pool's first attempt.
+    errors: Option<[Counter; UpstreamError::ALL.len()]>,
     labels: SourceLabels,
 }
 
@@ -370,19 +371,22 @@ impl<'a> Tally<'a> {
                 )
                 .inc_by(attempt.bytes_received);
             }
+            // Every kind at 0 from a source's first attempt: one that never fails shows a rate
+            // of 0 on the dashboards, not "no data".
+            let errors = source.errors.get_or_insert_with(|| {
+                UpstreamError::ALL.map(|kind| {
+                    series
+                        .upstream_errors
+                        .get_or_create(&ErrorLabels {
+                            source: source.labels.source.clone(),
+                            source_kind: source.labels.source_kind.clone(),
+                            kind: kind.as_str(),
+                        })
+                        .clone()
+                })
+            });
             if let Some(kind) = attempt.error {
-                source.errors[kind.index()]
-                    .get_or_insert_with(|| {
-                        series
-                            .upstream_errors
-                            .get_or_create(&ErrorLabels {
-                                source: source.labels.source.clone(),
-                                source_kind: source.labels.source_kind.clone(),
-                                kind: kind.as_str(),
-                            })
-                            .clone()
-                    })
-                    .inc();
+                errors[kind.index()].inc();
             }
         }
         true
@@ -445,7 +449,7 @@ impl<'a> Tally<'a> {
             sent: Default::default(),
             received: Default::default(),
             seconds: self.series.upstream_seconds.get_or_create(&labels).clone(),
-            errors: Default::default(),
+            errors: None,
             labels,
         }
     }
@@ -557,6 +561,15 @@ mod tests {
             (
                 format!(r#"cdn_upstream_errors_total{{{l},{origin},kind="error"}}"#),
                 "1",
+            ),
+            // The kinds that did not happen, from 0: a rate of 0, not no data.
+            (
+                format!(r#"cdn_upstream_errors_total{{{l},{origin},kind="timeout"}}"#),
+                "0",
+            ),
+            (
+                format!(r#"cdn_upstream_errors_total{{{l},{origin},kind="http_5xx"}}"#),
+                "0",
             ),
             (
                 format!(r#"cdn_log_lines_total{{{l},result="counted"}}"#),
