@@ -2,12 +2,16 @@
 # The e2e suite on a cluster with a node, built on this machine: a local v1.36 control plane, a
 # kubelet with containerd and a CNI bridge, kube-proxy and a cluster DNS, the operator's image and
 # an nginx 1.30 image (and the same run as root) imported into containerd; then the node tests
-# (e2e/tests/node.rs, rollouts.rs, persistent_caches.rs), then everything taken down and the
-# machine put back as it was. persistent_caches.rs makes hostPath volumes under $NODE_DIR/volumes.
+# (e2e/tests/node.rs, rollouts.rs, persistent_caches.rs, monitoring.rs), then everything taken
+# down and the machine put back as it was. persistent_caches.rs and monitoring.rs make hostPath
+# volumes under $NODE_DIR/volumes (monitoring.rs a small tmpfs there too); monitoring.rs runs
+# Debian's Prometheus and Alertmanager, installed by `test` when missing.
 #
 #   KUBE_BIN=DIR e2e/node.sh          set up, run the node tests, tear down (the proof of issue 39)
 #   KUBE_BIN=DIR e2e/node.sh up       set up only; prints the KUBECONFIG to use
 #   e2e/node.sh test                  run the node tests against what `up` started
+#   e2e/node.sh test monitoring       only those named (node, rollouts, persistent_caches,
+#                                     monitoring); cargo test's arguments after `--`
 #   e2e/node.sh down                  tear down what `up` started
 #
 # KUBE_BIN: a folder with etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubelet and
@@ -496,13 +500,26 @@ down() {
   say "down"
 }
 
+# The node tests, or those named (cargo's --test names) before `--`.
 run_tests() {
+  local tests=(node rollouts persistent_caches monitoring) args=() t
+  if (($#)) && [[ $1 != -* ]]; then
+    tests=()
+    while (($#)) && [[ $1 != -- ]]; do tests+=("$1"); shift; done
+    (($#)) && shift
+  fi
+  for t in "${tests[@]}"; do args+=(--test "$t"); done
   export CDN_E2E_OPERATOR_IMAGE=$OPERATOR_IMAGE CDN_E2E_NGINX_IMAGE=$NGINX_IMAGE
   export CDN_E2E_PAUSE_IMAGE=$PAUSE_IMAGE CDN_E2E_ROOT_IMAGE=$ROOT_IMAGE
   export CDN_E2E_CLUSTER_DNS=$HOST_IP:53 CDN_E2E_VOLUME_DIR=$NODE_DIR/volumes
   export HELM=${HELM:-$(command -v helm || echo /root/.cache/cdn-operator-tools/bin/helm)}
   [[ -x $HELM ]] || bash "$repo/scripts/install-helm.sh" /root/.cache/cdn-operator-tools
-  (cd "$repo" && cargo test --locked -p cdn-operator-e2e --test node --test rollouts --test persistent_caches -- --test-threads="${TEST_THREADS:-2}" "$@")
+  # The monitoring test runs Debian stable's Prometheus and Alertmanager.
+  if ! command -v prometheus >/dev/null || ! command -v prometheus-alertmanager >/dev/null; then
+    say "installing prometheus prometheus-alertmanager"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus prometheus-alertmanager >/dev/null
+  fi
+  (cd "$repo" && cargo test --locked -p cdn-operator-e2e "${args[@]}" -- --test-threads="${TEST_THREADS:-2}" "$@")
 }
 
 case ${1:-all} in
@@ -514,5 +531,5 @@ case ${1:-all} in
     up
     run_tests
     ;;
-  *) die "usage: $0 [all|up|test|down]" ;;
+  *) die "usage: $0 [all|up|test [TEST…] [-- CARGO-TEST-ARGS…]|down]" ;;
 esac

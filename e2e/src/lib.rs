@@ -6,6 +6,7 @@ pub mod canary;
 pub mod cluster_dns;
 pub mod proxy;
 
+pub mod monitoring;
 pub mod node;
 
 use cdn_operator::api::CdnCluster;

@@ -13,20 +13,17 @@
 
 use cdn_operator::cdncluster::nginx::SERVICE_PORT_NAME;
 use cdn_operator_e2e::node::{
-    apply_cluster, apply_origin, cluster_running, operator_ready_and_leading,
-    origin_requests_matching, ready_pods, service_address, until, Load, NodeTest, Scope,
+    apply_cluster, apply_origin, cluster_running, local_volumes, operator_ready_and_leading,
+    origin_requests_matching, ready_pods, service_address, until, Backing, Load, NodeTest, Scope,
     ORIGIN_BIG_BYTES, ORIGIN_PODS,
 };
 use cdn_operator_e2e::say;
 use cdn_operator_testkit::KeepAlive;
-use k8s_openapi::api::core::v1::{PersistentVolume, Pod};
-use k8s_openapi::api::storage::v1::StorageClass;
-use kube::api::{Api, DeleteParams, PostParams};
-use kube::core::GroupVersionKind;
-use kube::{Resource, ResourceExt};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams};
+use kube::ResourceExt;
 use serde_json::json;
 use std::net::SocketAddr;
-use std::os::unix::fs::PermissionsExt;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -44,9 +41,6 @@ const POPULAR: usize = OBJECTS / 2;
 /// Volumes of the node's disk, one per claim the run makes (2, the pod deleted keeps its own,
 /// the third of the scale), and spares.
 const VOLUMES: usize = 4;
-/// Where the volumes are, on the node (this machine): `e2e/node.sh` sets it under its folder.
-const VOLUME_DIR_ENV: &str = "CDN_E2E_VOLUME_DIR";
-const VOLUME_DIR: &str = "/var/tmp/cdn-operator-node/volumes";
 
 fn cache(variant: &Variant, replicas: i32, valid: &str, cpu: &str) -> serde_json::Value {
     let mut cache = json!({"size": "256m", "valid": valid});
@@ -106,56 +100,6 @@ async fn sweep(edge: SocketAddr, objects: Vec<String>) -> Vec<String> {
     .unwrap()
 }
 
-/// The node's volumes for the claims of `class`: a StorageClass that provisions nothing and
-/// [`VOLUMES`] PersistentVolumes on this machine's disk, writable by any user (as the local-path
-/// provisioner makes them: the nginx pods run as a user of their image).
-async fn volumes(t: &mut NodeTest, class: &str) {
-    let client = t.client.clone();
-    let classes: Api<StorageClass> = Api::all(client.clone());
-    let storage_class: StorageClass = serde_json::from_value(json!({
-        "apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
-        "metadata": {"name": class},
-        "provisioner": "kubernetes.io/no-provisioner",
-        "volumeBindingMode": "WaitForFirstConsumer",
-    }))
-    .unwrap();
-    classes
-        .create(&PostParams::default(), &storage_class)
-        .await
-        .unwrap_or_else(|e| panic!("StorageClass {class}: {e}"));
-    t.owns_cluster_scoped(gvk::<StorageClass>(), class);
-    let volumes: Api<PersistentVolume> = Api::all(client);
-    for i in 0..VOLUMES {
-        let name = format!("{class}-{i}");
-        let dir = std::env::var(VOLUME_DIR_ENV).unwrap_or_else(|_| VOLUME_DIR.into());
-        let path = format!("{dir}/{name}");
-        let _ = std::fs::remove_dir_all(&path);
-        std::fs::create_dir_all(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o1777)).unwrap();
-        let volume: PersistentVolume = serde_json::from_value(json!({
-            "apiVersion": "v1", "kind": "PersistentVolume",
-            "metadata": {"name": name},
-            "spec": {
-                "capacity": {"storage": "1Gi"},
-                "accessModes": ["ReadWriteOnce"],
-                "persistentVolumeReclaimPolicy": "Retain",
-                "storageClassName": class,
-                "hostPath": {"path": path, "type": "Directory"},
-            },
-        }))
-        .unwrap();
-        volumes
-            .create(&PostParams::default(), &volume)
-            .await
-            .unwrap_or_else(|e| panic!("PersistentVolume {name}: {e}"));
-        t.owns_cluster_scoped(gvk::<PersistentVolume>(), &name);
-    }
-}
-
-fn gvk<K: Resource<DynamicType = ()>>() -> GroupVersionKind {
-    GroupVersionKind::gvk(&K::group(&()), &K::version(&()), &K::kind(&()))
-}
-
 #[tokio::test]
 async fn caches_with_a_volume_keep_their_objects_through_restarts_rollouts_and_scaling() {
     let Some(mut t) = NodeTest::new("persistent caches", Scope::Namespace).await else {
@@ -164,7 +108,7 @@ async fn caches_with_a_volume_keep_their_objects_through_restarts_rollouts_and_s
     let client = t.client.clone();
     let ns = t.namespace("volumes").await;
     let class = t.unique("cdn-e2e-local");
-    volumes(&mut t, &class).await;
+    local_volumes(&mut t, &class, VOLUMES, "1Gi", Backing::Disk).await;
     t.helm_install(
         &ns,
         "volumes",

@@ -71,10 +71,16 @@ pub async fn service_account(client: &Client, ns: &str, name: &str) {
 /// A token of ServiceAccount `name` of `ns` from the TokenRequest API (`create` on
 /// `serviceaccounts/token`), valid 10 minutes.
 pub async fn token(client: &Client, ns: &str, name: &str) -> String {
+    token_valid_for(client, ns, name, Duration::from_secs(600)).await
+}
+
+/// A token of ServiceAccount `name` of `ns`, valid for `validity` (a scraper that runs longer
+/// than [`token`]'s 10 minutes).
+pub async fn token_valid_for(client: &Client, ns: &str, name: &str, validity: Duration) -> String {
     let request = TokenRequest {
         // No audience: the API server's own, which its TokenReview accepts.
         spec: Some(TokenRequestSpec {
-            expiration_seconds: Some(600),
+            expiration_seconds: Some(validity.as_secs() as i64),
             ..Default::default()
         }),
         ..Default::default()

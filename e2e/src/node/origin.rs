@@ -21,7 +21,7 @@ pub const ORIGIN_POD_HEADER: &str = "X-Origin-Pod";
 pub const ORIGIN_PODS: &str = "app=origin";
 
 /// The origin's nginx.conf: every request logged on stdout as `origin-request <method> <path>
-/// <status>`; `/vod/*` the same static file; `/big/*` one of [`ORIGIN_BIG_BYTES`]; `/pv/*` a body naming the version asked for
+/// <status> <bytes sent>`; `/fail/*` 503, as an origin failing; `/vod/*` the same static file; `/big/*` one of [`ORIGIN_BIG_BYTES`]; `/pv/*` a body naming the version asked for
 /// (`X-Version`), `/pt/TAG/*` tagged `Surrogate-Key: TAG`; `/healthz` for the probe. Runs read-only as the
 /// image's user: the pid file and nginx's temporary paths under the `/tmp` emptyDir.
 const ORIGIN_CONF: &str = r#"# The origin of the node tests (e2e/src/node/origin.rs).
@@ -38,7 +38,7 @@ http {
     uwsgi_temp_path /tmp/uwsgi;
     scgi_temp_path /tmp/scgi;
     # $request_uri: the path asked for ($uri is /body.ts once try_files found it).
-    log_format origin 'origin-request $request_method $request_uri $status';
+    log_format origin 'origin-request $request_method $request_uri $status $bytes_sent';
     map $http_x_version $version {
         "" 1;
         default $http_x_version;
@@ -73,6 +73,9 @@ http {
             add_header Surrogate-Key $tag;
             return 200 "tagged $uri
 ";
+        }
+        location /fail/ {
+            return 503;
         }
         location / {
             return 404;
@@ -168,13 +171,18 @@ pub fn big_body() -> String {
     "0123456789abcdef".repeat(ORIGIN_BIG_BYTES / 16)
 }
 
-/// How many requests for `path` origin pod `pod` of `ns` logged.
-pub async fn origin_requests(client: &Client, ns: &str, pod: &str, path: &str) -> usize {
-    origin_requests_matching(client, ns, pod, &format!("{path} ")).await
+/// One request the origin logged.
+#[derive(Clone, Debug, PartialEq)]
+pub struct OriginRequest {
+    pub method: String,
+    pub path: String,
+    pub status: u16,
+    /// What it sent, headers and body: what the cache that asked received.
+    pub bytes: u64,
 }
 
-/// How many requests for a path starting with `prefix` origin pod `pod` of `ns` logged.
-pub async fn origin_requests_matching(client: &Client, ns: &str, pod: &str, prefix: &str) -> usize {
+/// Every request origin pod `pod` of `ns` logged, in order.
+pub async fn origin_log(client: &Client, ns: &str, pod: &str) -> Vec<OriginRequest> {
     let params = kube::api::LogParams {
         container: Some("origin".into()),
         ..Default::default()
@@ -182,7 +190,34 @@ pub async fn origin_requests_matching(client: &Client, ns: &str, pod: &str, pref
     let logs = Api::<Pod>::namespaced(client.clone(), ns)
         .logs(pod, &params)
         .await
-        .unwrap_or_else(|e| panic!("the logs of {ns}/{pod}: {e}"));
-    let line = format!("origin-request GET {prefix}");
-    logs.lines().filter(|l| l.starts_with(&line)).count()
+        .unwrap_or_else(|e| panic!("logs of {ns}/{pod}: {e}"));
+    logs.lines()
+        .filter_map(|l| {
+            let mut fields = l.strip_prefix("origin-request ")?.split(' ');
+            Some(OriginRequest {
+                method: fields.next()?.into(),
+                path: fields.next()?.into(),
+                status: fields.next()?.parse().ok()?,
+                bytes: fields.next()?.parse().ok()?,
+            })
+        })
+        .collect()
+}
+
+/// How many GETs of `path` origin pod `pod` of `ns` logged.
+pub async fn origin_requests(client: &Client, ns: &str, pod: &str, path: &str) -> usize {
+    origin_log(client, ns, pod)
+        .await
+        .iter()
+        .filter(|r| r.method == "GET" && r.path == path)
+        .count()
+}
+
+/// How many GETs of a path starting with `prefix` origin pod `pod` of `ns` logged.
+pub async fn origin_requests_matching(client: &Client, ns: &str, pod: &str, prefix: &str) -> usize {
+    origin_log(client, ns, pod)
+        .await
+        .iter()
+        .filter(|r| r.method == "GET" && r.path.starts_with(prefix))
+        .count()
 }

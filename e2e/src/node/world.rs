@@ -55,6 +55,7 @@ pub struct NodeTest {
     releases: Vec<(String, String)>,
     overlays: Vec<PathBuf>,
     cluster_scoped: Vec<(GroupVersionKind, String)>,
+    mounts: Vec<PathBuf>,
     _lock: Lock,
 }
 
@@ -138,6 +139,7 @@ impl NodeTest {
             releases: Vec::new(),
             overlays: Vec::new(),
             cluster_scoped: Vec::new(),
+            mounts: Vec::new(),
             _lock: lock,
         })
     }
@@ -203,6 +205,11 @@ impl NodeTest {
         self.cluster_scoped.push((gvk, name.into()));
     }
 
+    /// Unmounts this folder of the node (this machine) once the test's objects are deleted.
+    pub fn owns_mount(&mut self, path: &Path) {
+        self.mounts.push(path.into());
+    }
+
     /// `kubectl delete -k <overlay>` when the test ends, unless [`NodeTest::deleted_overlay`].
     pub fn owns_overlay(&mut self, overlay: &Path) {
         self.overlays.push(overlay.into());
@@ -231,19 +238,7 @@ impl NodeTest {
             .arg(&chart)
             .args(["--namespace", ns, "--take-ownership"])
             .args(["--timeout", TOOL_TIMEOUT])
-            // Strings as strings: a tag such as 1.30 would be a number to --set.
-            .arg(format!("--set-string=image.registry={}", image.registry))
-            .arg(format!(
-                "--set-string=image.repository={}",
-                image.repository
-            ))
-            .arg(format!("--set-string=image.tag={}", image.tag))
-            .arg(format!("--set-string=image.digest={}", image.digest))
-            .arg("--set-string=image.pullPolicy=IfNotPresent")
-            .arg(format!(
-                "--set-string=managedPods.image={}",
-                self.nginx_image
-            ))
+            .args(self.local_images(&image))
             .args(args);
         self.releases.push((ns.into(), name.clone()));
         run(&mut command, &format!("helm install {name}"));
@@ -270,6 +265,35 @@ impl NodeTest {
         );
         assert_eq!(container.image_pull_policy.as_deref(), Some("IfNotPresent"));
         release
+    }
+
+    /// The chart's values for the local images. Strings as strings: a tag such as 1.30 would
+    /// be a number to `--set`.
+    fn local_images(&self, image: &ImageRef) -> Vec<String> {
+        vec![
+            format!("--set-string=image.registry={}", image.registry),
+            format!("--set-string=image.repository={}", image.repository),
+            format!("--set-string=image.tag={}", image.tag),
+            format!("--set-string=image.digest={}", image.digest),
+            "--set-string=image.pullPolicy=IfNotPresent".into(),
+            format!("--set-string=managedPods.image={}", self.nginx_image),
+        ]
+    }
+
+    /// `helm template` of `release` as [`NodeTest::helm_install`] installed it with `args`,
+    /// plus `more` (values that render what the cluster cannot install, such as the
+    /// Prometheus Operator's kinds): the rendered manifests.
+    pub fn helm_template(&self, release: &Release, args: &[String], more: &[String]) -> String {
+        let image = ImageRef::parse(&self.operator_image).expect("checked in new");
+        let mut command = Command::new(helm());
+        command
+            .args(["template", &release.name])
+            .arg(repository_root().join("helm/cdn-operator"))
+            .args(["--namespace", &release.namespace])
+            .args(self.local_images(&image))
+            .args(args)
+            .args(more);
+        run(&mut command, &format!("helm template {}", release.name))
     }
 
     /// `helm uninstall --wait` of `release`, on a thread of its own (the test's tasks run
@@ -357,6 +381,17 @@ impl Drop for NodeTest {
                 .iter()
                 .for_each(|e| eprintln!("node cleanup of {}: {e}", self.test)),
             Err(_) => eprintln!("node cleanup of {} panicked", self.test),
+        }
+        // Lazily: a pod of the deleted namespaces may still be leaving it.
+        for mount in std::mem::take(&mut self.mounts) {
+            let out = Command::new("umount").arg("-l").arg(&mount).output();
+            if !matches!(&out, Ok(o) if o.status.success()) {
+                eprintln!(
+                    "node cleanup: umount {}: {}",
+                    mount.display(),
+                    outcome(&out)
+                );
+            }
         }
     }
 }
