@@ -1062,17 +1062,20 @@ async fn prometheus_scrapes_every_target_every_alert_fires_on_its_cause_every_pa
         others.is_empty(),
         "alerts firing that no cause explains: {others:#?}"
     );
-    // Every alert of the rules was caused (CdnOperatorReconcileErrors: see its note below).
+    // Every alert of the rules was caused, but the one that follows the operator's retries,
+    // which are not time-scaled: tests/alerts/ shows it on their real times. A new rule without
+    // a cause here fails.
     let caused: BTreeSet<&str> = all.iter().map(|e| e.name).collect();
     let untested: Vec<&str> = alert_rules
         .iter()
         .map(|r| r.name.as_str())
         .filter(|n| !caused.contains(n))
         .collect();
-    say(&format!(
-        "monitoring: alerts not caused on the node: {untested:?}"
-    ));
-
+    assert_eq!(
+        untested,
+        ["CdnOperatorReconcileErrors"],
+        "alerts without a cause"
+    );
     // Alertmanager notified the webhook of every one.
     let notified = until(
         "every alert at the webhook",
