@@ -9,6 +9,9 @@ command -v make >/dev/null 2>&1 || apt_packages+=(make)
 command -v cc >/dev/null 2>&1 || apt_packages+=(gcc)
 # promtool lints the /metrics exposition (Debian ships it in the prometheus package).
 command -v promtool >/dev/null 2>&1 || apt_packages+=(prometheus)
+# A real Prometheus and Alertmanager deliver an alert to the monitoring harness's webhook
+# (e2e/src/monitoring/prometheus.rs); the node's monitoring test uses them too.
+command -v prometheus-alertmanager >/dev/null 2>&1 || apt_packages+=(prometheus-alertmanager)
 # openssl makes the CA and certificate of the TLS tracing test.
 command -v openssl >/dev/null 2>&1 || apt_packages+=(openssl)
 # Graphviz's dot lays out the DOT output of `cdn-operator graph` (tests/graph.rs).
