@@ -199,24 +199,20 @@ impl Prometheus {
             }],
         });
         write_json(&dir.path().join("alertmanager.yml"), &alertmanager_config);
-        let alertmanager = Command::new(alertmanager)
-            .arg(format!(
-                "--config.file={}",
-                dir.path().join("alertmanager.yml").display()
-            ))
-            .arg(format!(
-                "--storage.path={}",
-                dir.path().join("alertmanager").display()
-            ))
-            .arg(format!(
-                "--web.listen-address=127.0.0.1:{alertmanager_port}"
-            ))
-            // A single instance: no gossip port to bind.
-            .arg("--cluster.listen-address=")
-            .stdout(Stdio::null())
-            .stderr(log_file(dir.path(), "alertmanager.log"))
-            .spawn()
-            .unwrap_or_else(|e| panic!("starting {}: {e}", alertmanager.display()));
+        let mut alertmanager = spawn(
+            alertmanager,
+            dir.path(),
+            "alertmanager",
+            &[
+                format!(
+                    "--storage.path={}",
+                    dir.path().join("alertmanager").display()
+                ),
+                format!("--web.listen-address=127.0.0.1:{alertmanager_port}"),
+                // A single instance: no gossip port to bind.
+                "--cluster.listen-address=".into(),
+            ],
+        );
         write_json(&dir.path().join("rules.yml"), rules);
         let config = json!({
             "global": {
@@ -232,28 +228,23 @@ impl Prometheus {
         let port = free_port();
         // Alertmanager ready first: an alert Prometheus could not deliver is sent again only
         // after its resend delay.
-        let mut alertmanager = alertmanager;
         if let Err(why) = ready("Alertmanager", alertmanager_port) {
             let _ = alertmanager.kill();
             let log = std::fs::read_to_string(dir.path().join("alertmanager.log"));
             panic!("{why}:\n{}", log.unwrap_or_default());
         }
-        let prometheus = Command::new(prometheus)
-            .arg(format!(
-                "--config.file={}",
-                dir.path().join("prometheus.yml").display()
-            ))
-            .arg(format!(
-                "--storage.tsdb.path={}",
-                dir.path().join("data").display()
-            ))
-            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
-            // Alerts go out again (to an Alertmanager restarted, say) on the test's time scale.
-            .arg(format!("--rules.alert.resend-delay={interval}"))
-            .stdout(Stdio::null())
-            .stderr(log_file(dir.path(), "prometheus.log"))
-            .spawn()
-            .unwrap_or_else(|e| panic!("starting {}: {e}", prometheus.display()));
+        let prometheus = spawn(
+            prometheus,
+            dir.path(),
+            "prometheus",
+            &[
+                format!("--storage.tsdb.path={}", dir.path().join("data").display()),
+                format!("--web.listen-address=127.0.0.1:{port}"),
+                // Alerts go out again (to an Alertmanager restarted, say) on the test's time
+                // scale.
+                format!("--rules.alert.resend-delay={interval}"),
+            ],
+        );
         let started = Prometheus {
             prometheus,
             alertmanager,
@@ -397,8 +388,20 @@ fn write_json(path: &Path, value: &Value) {
         .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
 }
 
-fn log_file(dir: &Path, name: &str) -> std::fs::File {
-    std::fs::File::create(dir.join(name)).expect("a log file")
+/// Starts `binary` with its configuration `<dir>/<name>.yml` and `args`, its log in
+/// `<dir>/<name>.log`.
+fn spawn(binary: &Path, dir: &Path, name: &str, args: &[String]) -> Child {
+    let log = std::fs::File::create(dir.join(format!("{name}.log"))).expect("a log file");
+    Command::new(binary)
+        .arg(format!(
+            "--config.file={}",
+            dir.join(format!("{name}.yml")).display()
+        ))
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap_or_else(|e| panic!("starting {}: {e}", binary.display()))
 }
 
 fn tail(text: &str, lines: usize) -> String {
